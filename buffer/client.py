@@ -1,0 +1,161 @@
+"""Client of the buffer server: request/reply over a DEALER socket with Lazy-Pirate retries.
+
+Each request is sent as plain frames ``[header, body?]`` (the ROUTER server adds the identity). If
+no reply arrives within ``timeout_s``, the socket is closed and reopened (a late reply to the old
+socket is dropped with it) and the *same* request is sent again, up to ``retries`` more times.
+That is safe: PUT is idempotent (the buffer drops duplicates by sample id and answers with the
+original sequence number), GET of a version returns the same selection, and CREDIT at worst
+grants credits that the rule still bounds. Not thread-safe: one client per thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+import zmq
+
+from distrl import wire
+from distrl.wire import Header, MsgType
+
+log = logging.getLogger(__name__)
+
+
+class BufferClient:
+    """Talks to a :class:`buffer.server.BufferServer` at ``address``.
+
+    Args:
+        address: the server's zmq endpoint (``BufferServer.address``).
+        sender: this client's name in headers, e.g. ``actor3`` or ``learner0``.
+        timeout_s: seconds to wait for one reply before re-sending.
+        retries: re-sends after the first attempt before TimeoutError.
+    Every method raises TimeoutError if the server does not answer, RuntimeError on an ERROR reply.
+    """
+
+    def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5) -> None:
+        self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._seq = 0
+        self._open()
+
+    def _open(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+
+    def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
+                 **fields: Any) -> tuple[Header, pa.Table | None]:
+        """Send one request and return the reply's header and body (Lazy Pirate).
+
+        Raises TimeoutError after ``1 + retries`` unanswered sends, RuntimeError on an ERROR reply.
+        """
+        self._seq += 1
+        frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
+        attempts = 1 + (self.retries if retries is None else retries)
+        for attempt in range(1, attempts + 1):
+            self._sock.send_multipart(frames)
+            reply = self._wait_reply()
+            if reply is not None:
+                header, reply_body = reply
+                if header.type is MsgType.ERROR:
+                    raise RuntimeError(f"buffer at {self.address} refused {msg_type.value}: "
+                                       f"{header.fields.get('error', '(no text)')}")
+                return header, reply_body
+            log.warning("no reply from buffer at %s to %s in %.1fs (attempt %d/%d)",
+                        self.address, msg_type.value, self.timeout_s, attempt, attempts)
+            self._open()
+        raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {attempts} attempts "
+                           f"of {self.timeout_s:.1f}s: is the buffer running at that address?")
+
+    def _wait_reply(self) -> tuple[Header, pa.Table | None] | None:
+        """The reply to request ``self._seq``, or None after ``timeout_s``; other replies are dropped."""
+        deadline = time.monotonic() + self.timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._sock.poll(int(left * 1000) + 1):
+                return None
+            header, body = wire.decode(self._sock.recv_multipart())
+            if header.seq == self._seq or (header.type is MsgType.ERROR and header.seq == 0):
+                return header, body
+        return None
+
+    @staticmethod
+    def _expect(header: Header, *types: MsgType) -> None:
+        if header.type not in types:
+            raise RuntimeError(f"unexpected {header.type.value} reply, wanted {'/'.join(t.value for t in types)}")
+
+    def put(self, table: pa.Table) -> int:
+        """PUT one whole group; returns its sequence number (the original one for a duplicate)."""
+        header, _ = self._request(MsgType.PUT, body=table)
+        self._expect(header, MsgType.ACK)
+        return int(header.fields["seq_no"])
+
+    def get(self, learner_version: int, rank: int = 0, world_size: int = 1, poll_s: float = 0.02,
+            timeout_s: float | None = None) -> pa.Table:
+        """This rank's shard of the selection for ``learner_version``, asking again every ``poll_s`` s
+        while the buffer answers WAIT.
+
+        ``timeout_s`` None waits without limit (warning each minute); otherwise TimeoutError after it.
+        """
+        start = time.monotonic()
+        next_warning = start + 60.0
+        while True:
+            header, body = self._request(MsgType.GET, learner_version=learner_version, rank=rank,
+                                         world_size=world_size)
+            self._expect(header, MsgType.BATCH, MsgType.WAIT)
+            if header.type is MsgType.BATCH:
+                return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()
+            now = time.monotonic()
+            have = f"{header.fields.get('fresh_groups')} of {header.fields.get('batch_size')} fresh groups"
+            if timeout_s is not None and now - start >= timeout_s:
+                raise TimeoutError(f"no batch for version {learner_version} after {timeout_s:.0f}s: are actors "
+                                   f"running? (buffer at {self.address} has {have})")
+            if now >= next_warning:
+                log.warning("still waiting for a batch for version %d after %.0fs (%s)",
+                            learner_version, now - start, have)
+                next_warning = now + 60.0
+            time.sleep(poll_s)
+
+    def credits(self, want: int) -> dict[str, int]:
+        """Ask for ``want`` groups of generation: ``{granted, learner_version, min_policy_version, stop}``.
+
+        ``stop`` is 1 once a learner has sent STOP (training is over): generate no more.
+        """
+        header, _ = self._request(MsgType.CREDIT, want=want)
+        self._expect(header, MsgType.CREDIT)
+        reply = {k: int(header.fields[k]) for k in ("granted", "learner_version", "min_policy_version")}
+        reply["stop"] = int(bool(header.fields.get("stop", False)))
+        return reply
+
+    def stop(self) -> None:
+        """Tell the buffer that training is over: from now on credit replies say stop."""
+        header, _ = self._request(MsgType.STOP)
+        self._expect(header, MsgType.ACK)
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters (see GroupStore.stats)."""
+        header, _ = self._request(MsgType.STATS)
+        self._expect(header, MsgType.STATS)
+        return dict(header.fields)
+
+    def shutdown(self) -> None:
+        """Ask the server to stop (one attempt, no re-send: the server may already be gone)."""
+        header, _ = self._request(MsgType.SHUTDOWN, retries=0)
+        self._expect(header, MsgType.ACK)
+
+    def close(self) -> None:
+        """Close the socket (linger 0) and the context (idempotent)."""
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+            self._ctx.term()
+
+    def __enter__(self) -> "BufferClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,64 @@
+"""The embedded default model (`--model tiny`): a tiny Qwen2 with a character tokenizer, built in code.
+
+No download: the tokenizer is a character-level `tokenizers` model over the characters that the
+built-in `arith` task uses, and the model is a Qwen2 architecture with random weights
+(hidden 128, 4 heads of size 32 — vLLM on CPU needs a head size of at least 32 — 2 layers). Both are
+saved with `save_pretrained`, so vLLM, transformers and Unsloth load the directory like any hub model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Special tokens first; then the characters of arithmetic prompts and answers, and a few letters.
+SPECIALS = ["<pad>", "<eos>", "<unk>"]
+CHARS = list("0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz")
+TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)
+
+
+def build_tokenizer():
+    """A character-level `PreTrainedTokenizerFast`: one token per character, eos `<eos>`, pad `<pad>`.
+
+    It is a byte-level BPE without merges (space is the byte-level symbol `Ġ`), because transformers 5
+    loads any `qwen2` model's tokenizer as a byte-level BPE from its vocabulary: built this way, the
+    tokenizer encodes the same in vLLM, transformers and Unsloth.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = [c if c != " " else "\u0120" for c in CHARS]  # 'Ġ' is the byte-level form of a space
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + symbols)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", model_max_length=TINY_ARCH["max_position_embeddings"])
+
+
+def build_tiny_model(directory: str | Path, seed: int = 0) -> Path:
+    """Write the tiny model and tokenizer to `directory` (idempotent: an existing build is reused).
+
+    Returns the directory. The weights depend only on `seed`.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    directory = Path(directory)
+    if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
+        return directory
+    tmp = directory.with_name(directory.name + ".tmp")
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+                         torch_dtype="float32", **TINY_ARCH)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "distrl_tiny.json").write_text(json.dumps({"seed": seed, **TINY_ARCH}))
+    tmp.rename(directory)
+    return directory

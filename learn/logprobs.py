@@ -1,0 +1,110 @@
+"""Per-token log-probabilities at the LM head, in fp32 and in chunks.
+
+A (B, T) batch with a 151k vocabulary has B*T*151k logits: in fp32 that is gigabytes, and autograd
+would keep them (and the log-softmax) alive until backward. ``token_logprobs`` instead flattens the
+B*T positions, cuts them into chunks of ``chunk_tokens`` and runs head -> /temperature -> log-softmax
+-> gather for each chunk inside ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: autograd
+saves only each chunk's inputs (hidden slice, head weight), and backward recomputes one chunk's logits
+at a time. Peak extra memory is about ``chunk_tokens * V * 4`` bytes (times a small constant), in
+forward and in backward.
+
+Units: natural-log probabilities of ``softmax(lm_head(hidden) / temperature)``, the same
+distribution vLLM samples from and reports with ``logprobs_mode="processed_logprobs"`` (top-k/top-p
+truncation aside). Shifting (hidden at position t predicts token t+1) is the caller's job.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+def _head_params(lm_head: torch.nn.Module | torch.Tensor):
+    """(weight (V, H), bias (V,) or None) for a tensor or nn.Linear; None for another module."""
+    if isinstance(lm_head, torch.Tensor):
+        return lm_head, None
+    if isinstance(lm_head, torch.nn.Linear):
+        return lm_head.weight, lm_head.bias
+    return None
+
+
+def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperature: float,
+           module, want_entropy: bool):
+    """One chunk: hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32]."""
+    if module is None:
+        logits = F.linear(hidden.float(), weight, bias)  # (n, V) fp32
+    else:  # a wrapped head: run it in its own dtype, fp32 from the logits on
+        logits = module(hidden).float()
+    logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)  # (n,)
+    valid = targets >= 0
+    picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(valid, picked - lse, torch.zeros_like(lse))
+    if not want_entropy:
+        return logp
+    with torch.no_grad():  # H = lse - sum_v p_v * z_v
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logp, entropy
+
+
+def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor,
+                   target_ids: torch.Tensor, temperature: float, chunk_tokens: int = 1024,
+                   return_entropy: bool = False):
+    """Log-probabilities of ``target_ids`` under ``softmax(lm_head(hidden) / temperature)``.
+
+    Args:
+        hidden: (B, T, H) final hidden states (after the final norm), any float dtype.
+        lm_head: the output head: an ``nn.Linear`` (weight (V, H), optional bias) or its weight
+            tensor (V, H). Its weight and bias are cast to fp32 once per call (a no-op when already
+            fp32), so the matmul, log-softmax and the weight-gradient accumulation over chunks are
+            fp32; the gradient reaches the original parameter through the cast. Any other module
+            (e.g. a wrapped head) is called on the hidden states in its own dtype and only its
+            logits are promoted to fp32.
+        target_ids: (B, T) long, the token whose probability is wanted at each position. Negative
+            ids (e.g. -100 on padding) are ignored and give logprob 0.0.
+        temperature: sampling temperature, > 0; the same one the actors sampled with.
+        chunk_tokens: flattened positions per chunk (default 1024); full fp32 logits exist for at
+            most this many positions at a time.
+        return_entropy: also return the per-token entropy (nats) of the tempered distribution,
+            computed from the same chunk without gradient.
+
+    Returns:
+        logprobs (B, T) float32 with gradient to ``hidden`` and the head; with ``return_entropy``,
+        ``(logprobs, entropy)`` with entropy (B, T) float32, detached.
+    """
+    if hidden.dim() != 3 or target_ids.shape != hidden.shape[:2]:
+        raise ValueError(f"hidden must be (B, T, H) and target_ids (B, T), got "
+                         f"{tuple(hidden.shape)} and {tuple(target_ids.shape)}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+
+    params = _head_params(lm_head)
+    module = lm_head if params is None else None
+    weight = bias = None
+    if params is not None:
+        weight = params[0].float()
+        bias = None if params[1] is None else params[1].float()
+
+    b, t, h = hidden.shape
+    flat_hidden = hidden.reshape(b * t, h)  # (N, H)
+    flat_targets = target_ids.reshape(b * t).long()  # (N,)
+    logps, entropies = [], []
+    for start in range(0, b * t, chunk_tokens):
+        end = min(start + chunk_tokens, b * t)
+        out = checkpoint(_chunk, flat_hidden[start:end], weight, bias, flat_targets[start:end],
+                         temperature, module, return_entropy, use_reentrant=False)
+        if return_entropy:
+            logps.append(out[0])
+            entropies.append(out[1])
+        else:
+            logps.append(out)
+    if not logps:  # B*T == 0
+        empty = hidden.new_zeros((b, t), dtype=torch.float32) + 0.0 * hidden.sum()
+        return (empty, empty.detach().clone()) if return_entropy else empty
+    logprobs = torch.cat(logps).reshape(b, t)
+    if return_entropy:
+        return logprobs, torch.cat(entropies).reshape(b, t)
+    return logprobs

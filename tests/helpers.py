@@ -1,0 +1,44 @@
+"""Test helpers shared by the test tiers (plain functions, no fixtures)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import pyarrow as pa
+
+from distrl.wire import table_from_rows
+
+
+def make_group(group_id: str = "g0", policy_version: int = 0, group_size: int = 4,
+               rewards: Sequence[float] | None = None, advantages: Sequence[float] | None = None,
+               actor_id: int = 0, completion_len: int = 3, prompt_len: int = 2,
+               sample_ids: Sequence[str] | None = None) -> pa.Table:
+    """A valid group: ``group_size`` rows of distrl.wire.COMPLETION_SCHEMA sharing group_id and version.
+
+    Sample ids default to ``f"{group_id}/{i}"``; rewards to ``0, 1, ..., n-1``; advantages to reward
+    minus the group mean. Completion i has ``completion_len + i`` tokens (ids, logprobs aligned).
+    """
+    rewards = list(range(group_size)) if rewards is None else list(rewards)
+    mean = sum(rewards) / len(rewards)
+    advantages = [r - mean for r in rewards] if advantages is None else list(advantages)
+    sample_ids = [f"{group_id}/{i}" for i in range(group_size)] if sample_ids is None else list(sample_ids)
+    rows = []
+    for i in range(group_size):
+        n_tok = completion_len + i
+        rows.append({
+            "sample_id": sample_ids[i], "group_id": group_id, "prompt_id": f"p-{group_id}",
+            "actor_id": actor_id, "policy_version": policy_version, "last_policy_version": policy_version,
+            "prompt_ids": list(range(1, prompt_len + 1)), "completion_ids": [7 + j for j in range(n_tok)],
+            "behavior_logprobs": [-0.5] * n_tok, "temperature": 1.0, "reward": float(rewards[i]),
+            "reward_components": {"correct": float(rewards[i])}, "advantage": float(advantages[i]),
+            "finish_reason": "stop", "prompt_text": "1+1=", "completion_text": f"answer {i}",
+            "gen_start_time": time.time(), "gen_seconds": 0.01,
+        })
+    return table_from_rows(rows)
+
+
+def shared_data() -> Path:
+    """The offline data folder `<repo>/../shared/data` (MATH-500, GSM8K, the Qwen2.5 tokenizer; see its README)."""
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -1,0 +1,235 @@
+"""The buffer server and client over real ZMQ sockets on 127.0.0.1, with real segment files."""
+
+import contextlib
+import json
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+import zmq
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from buffer.client import BufferClient
+from buffer.segments import read_consumed, read_segments
+from buffer.server import BufferServer
+from distrl import wire
+from distrl.wire import Header, MsgType
+from tests.helpers import make_group
+
+ADDRESS = "tcp://127.0.0.1:0"
+
+
+@contextlib.contextmanager
+def serving(run_dir, **kw):
+    """A BufferServer on a free port, served by a thread; stopped, joined and closed on exit."""
+    args = dict(batch_size=2, max_staleness=1, topk=2, group_size=4) | kw
+    server = BufferServer(ADDRESS, run_dir, **args)
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+        server.close()
+
+
+def client(server, **kw) -> BufferClient:
+    return BufferClient(server.address, "test", **({"timeout_s": 5.0, "retries": 1} | kw))
+
+
+def test_put_get_credit_stats_roundtrip(tmp_path):
+    with serving(tmp_path) as server, client(server) as c:
+        assert server.address.startswith("tcp://127.0.0.1:") and not server.address.endswith(":0")
+        assert c.credits(3) == {"granted": 3, "learner_version": 0, "min_policy_version": 0, "stop": 0}
+        assert c.put(make_group("a", rewards=[0, 5, 1, 4])) == 0
+        with pytest.raises(TimeoutError, match="no batch for version 0 after 0s: are actors running"):
+            c.get(0, timeout_s=0.1)
+        assert c.put(make_group("b", rewards=[7, 2, 9, 3])) == 1
+        assert c.put(make_group("b", rewards=[7, 2, 9, 3])) == 1  # a re-sent PUT
+        batch = c.get(0)
+        assert batch.column("reward").to_pylist() == [5, 4, 7, 9]
+        stats = c.stats()
+        assert (stats["groups_put"], stats["duplicates"], stats["groups"], stats["selections"]) == (2, 1, 0, 1)
+        assert stats["last_staleness"] == [0, 0, 0, 0]
+    (line,) = read_consumed(tmp_path)
+    assert line["group_ids"] == ["a", "b"] and line["learner_version"] == 0
+
+
+def test_two_learners_get_disjoint_shards(tmp_path):
+    with serving(tmp_path, batch_size=4, topk=4) as server, client(server) as c:
+        for i in range(4):
+            c.put(make_group(f"g{i}", policy_version=0))
+        shard1, shard0 = c.get(0, rank=1, world_size=2), c.get(0, rank=0, world_size=2)
+        assert set(shard0.column("group_id").to_pylist()) == {"g0", "g2"}
+        assert set(shard1.column("group_id").to_pylist()) == {"g1", "g3"}
+
+
+def test_segment_log_holds_exactly_the_acked_groups(tmp_path):
+    acked = []
+    with serving(tmp_path) as server, client(server) as c:
+        for i in range(5):
+            group = make_group(f"g{i}", policy_version=0)
+            c.put(group)
+            acked.append(group)
+        c.put(acked[2])  # duplicate: acked, not logged again
+        with pytest.raises(RuntimeError, match="group_size=4"):
+            c.put(make_group("bad", group_size=3))
+        c.shutdown()
+    segments = read_segments(tmp_path)
+    assert segments.equals(pa.concat_tables(acked))
+
+
+def test_shutdown_ends_serve(tmp_path):
+    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    with client(server) as c:
+        c.shutdown()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    server.close()
+
+
+def raw_request(sock: zmq.Socket, frames: list[bytes]) -> Header:
+    sock.send_multipart(frames)
+    assert sock.poll(5000), "server did not answer"
+    header, _ = wire.decode(sock.recv_multipart())
+    return header
+
+
+def malformed_messages() -> dict[str, list[bytes]]:
+    put = Header(MsgType.PUT, "raw", 1).encode()
+    body = wire.encode_table(make_group("m"))
+    other = pa.table({"sample_id": ["a"]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, other.schema) as writer:
+        writer.write_table(other)
+    return {
+        "non-JSON header": [b"{not json"],
+        "deeply nested header": [b"[" * 30_000 + b"]" * 30_000],
+        "unknown type": [json.dumps({"type": "FROB", "schema": wire.SCHEMA_VERSION}).encode()],
+        "truncated Arrow body": [put, body[: len(body) // 2]],
+        "wrong schema": [put, sink.getvalue().to_pybytes()],
+        "3 frames": [put, body, body],
+        "PUT without body": [put],
+        "GET without fields": wire.encode(MsgType.GET, "raw", 2),
+        "CREDIT with a text want": wire.encode(MsgType.CREDIT, "raw", 3, want="many"),
+        "message for another role": wire.encode(MsgType.LATEST, "raw", 4),
+        "reply type as a request": wire.encode(MsgType.BATCH, "raw", 5),
+    }
+
+
+def test_malformed_requests_get_errors_and_server_keeps_serving(tmp_path):
+    with serving(tmp_path) as server, client(server) as good:
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.connect(server.address)
+        try:
+            for name, frames in malformed_messages().items():
+                header = raw_request(raw, frames)
+                assert header.type is MsgType.ERROR, name
+                assert header.fields["error"], name
+                assert good.put(make_group(f"after {name}")) >= 0
+        finally:
+            raw.close(linger=0)
+            ctx.term()
+        assert good.stats()["groups_put"] == len(malformed_messages())
+
+
+def test_req_peers_are_answered(tmp_path):
+    with serving(tmp_path) as server:
+        ctx = zmq.Context()
+        req = ctx.socket(zmq.REQ)
+        req.connect(server.address)
+        try:
+            header = raw_request(req, wire.encode(MsgType.CREDIT, "req", 9, want=1))
+            assert header.type is MsgType.CREDIT and header.fields["granted"] == 1 and header.seq == 9
+        finally:
+            req.close(linger=0)
+            ctx.term()
+
+
+def test_client_times_out_naming_the_address():
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)  # accepts requests, never answers
+    silent.bind("tcp://127.0.0.1:*")
+    address = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    try:
+        with BufferClient(address, "t", timeout_s=0.2, retries=2) as c:
+            start = time.monotonic()
+            with pytest.raises(TimeoutError, match=address):
+                c.stats()
+            assert time.monotonic() - start < 2.0
+        received = 0
+        while silent.poll(200):
+            silent.recv_multipart()
+            received += 1
+        assert received == 3  # the first send and two re-sends
+    finally:
+        silent.close(linger=0)
+        ctx.term()
+
+
+def test_client_resends_until_a_server_answers(tmp_path):
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)
+    silent.bind("tcp://127.0.0.1:*")
+    address = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    result = {}
+    c = BufferClient(address, "t", timeout_s=0.3, retries=20)
+    thread = threading.Thread(target=lambda: result.setdefault("seq", c.put(make_group("g"))))
+    thread.start()
+    assert silent.poll(5000)  # the first PUT reached a server that will never answer it
+    silent.close(linger=0)
+    ctx.term()
+    server = BufferServer(address, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
+    stop = threading.Event()
+    serve = threading.Thread(target=server.serve, args=(stop,))
+    serve.start()
+    try:
+        thread.join(timeout=10)
+        assert result == {"seq": 0}
+    finally:
+        stop.set()
+        serve.join()
+        server.close()
+        c.close()
+
+
+def test_server_writes_metrics(tmp_path):
+    tb = tmp_path / "tb" / "buffer0"
+    with serving(tmp_path, tb_dir=tb, batch_size=1, topk=4) as server, client(server) as c:
+        c.put(make_group("a", policy_version=0))
+        c.get(0)
+        c.put(make_group("b", policy_version=0))
+        c.get(1)
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    for name in ("rows", "groups", "ingest_groups_per_s", "evicted_stale", "credits_granted", "duplicates",
+                 "learner_version"):
+        assert f"buffer/{name}" in tags["scalars"], name
+    histograms = acc.Histograms("buffer/staleness")
+    assert [h.step for h in histograms] == [0, 1]
+    assert histograms[1].histogram_value.num == 4 and histograms[1].histogram_value.max == 1
+    assert acc.Scalars("buffer/learner_version")[-1].value == 1
+
+
+def test_oversized_message_is_dropped_and_server_keeps_serving(tmp_path):
+    with serving(tmp_path, max_msg_bytes=64 * 1024) as server:
+        with client(server, timeout_s=0.3, retries=0) as big, pytest.raises(TimeoutError):
+            big.put(make_group("big", completion_len=20_000))  # ~320 KB: zmq drops the connection
+        with client(server) as good:
+            assert good.put(make_group("small")) == 0
+
+
+def test_stop_turns_credit_replies_into_stop(tmp_path):
+    with serving(tmp_path) as server, client(server) as c:
+        assert c.credits(2)["granted"] == 2
+        c.stop()
+        reply = c.credits(2)
+        assert reply["stop"] == 1 and reply["granted"] == 0
