@@ -66,8 +66,8 @@ class TrainConfig:
     """Sampling temperature; the learner divides its logits by the same value."""
     max_new_tokens: int = 256
     """Longest completion in tokens; longer ones stop with finish_reason `length`."""
-    max_model_len: int = 2048
-    """Longest prompt + completion the engine accepts, in tokens."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + completion the engine accepts, in tokens (default: the model's own limit)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for engine and learner (`auto`: float32 on CPU, bfloat16 on GPU)."""
     seed: int = 0
@@ -87,7 +87,7 @@ class TrainConfig:
         positive = ("number_of_actors", "number_of_learners", "batch_size", "group_size", "learner_chunk_size",
                     "max_steps", "lora_rank", "max_new_tokens", "max_model_len")
         for name in positive:
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.max_staleness < 0:
             raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")

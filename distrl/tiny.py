@@ -37,19 +37,26 @@ def build_tokenizer():
                                    unk_token="<unk>", model_max_length=TINY_ARCH["max_position_embeddings"])
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0) -> Path:
-    """Write the tiny model and tokenizer to `directory` (idempotent: an existing build is reused).
+def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path | None = None) -> Path:
+    """Write the tiny model and its tokenizer to `directory` (idempotent: an existing build is reused).
 
-    Returns the directory. The weights depend only on `seed`.
+    Args:
+        directory: where to save (config.json, model.safetensors, tokenizer files).
+        seed: the random weights depend only on it (and on the vocabulary size).
+        tokenizer: a tokenizer directory or hub id to use instead of the character tokenizer, e.g.
+            the Qwen2.5 tokenizer: the model's vocabulary then has its size (151,669 for Qwen2.5).
+    Returns the directory.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     directory = Path(directory)
     if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
         return directory
     tmp = directory.with_name(directory.name + ".tmp")
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer() if tokenizer is None else AutoTokenizer.from_pretrained(str(tokenizer))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
                          torch_dtype="float32", **TINY_ARCH)
@@ -62,3 +69,19 @@ def build_tiny_model(directory: str | Path, seed: int = 0) -> Path:
     (tmp / "distrl_tiny.json").write_text(json.dumps({"seed": seed, **TINY_ARCH}))
     tmp.rename(directory)
     return directory
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m distrl.tiny OUT [--tokenizer DIR] [--seed N]`: save a tiny random Qwen2 model."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m distrl.tiny", description=main.__doc__)
+    parser.add_argument("out", help="directory to write")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the character tokenizer)")
+    parser.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    args = parser.parse_args(argv)
+    print(build_tiny_model(args.out, args.seed, args.tokenizer))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ Any role that raises ends the run: the driver re-raises its error after shutting
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -183,6 +184,7 @@ def train(cfg: TrainConfig) -> dict:
     summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - start,
                "actors": actor_results, "buffer": buffer_stats,
                "reward_by_version": [h["learner/reward_mean"] for h in learner_results[0]["history"]]}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     return summary
 

@@ -71,7 +71,8 @@ class Learner:
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
-        self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len, cfg.seed)
+        self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len or 2048,
+                                 cfg.seed)
         self.body, self.head = body_and_head(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=0.0)
@@ -83,15 +84,20 @@ class Learner:
 
     def _forward_backward(self, mb: MicroBatch, num_tokens: float) -> dict:
         hidden = self.body(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
-        logp, entropy = token_logprobs(hidden, self.head, mb.targets.clamp(min=0), self.cfg.temperature,
-                                       return_entropy=True)
+        # The head runs on completion positions only (prompt logits are never needed): (1, N, H).
+        sel = mb.mask > 0
+        lp, ent = token_logprobs(hidden[sel].unsqueeze(0), self.head, mb.targets[sel].unsqueeze(0),
+                                 self.cfg.temperature, return_entropy=True)
+        logp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=hidden.device)
+        logp = logp.index_put((sel.nonzero(as_tuple=True)), lp[0])  # (b, T), zero off the completion
+        entropy = ent[0]
         if self.cfg.learner == "grpo":
             loss, m = grpo_loss(logp, mb.behavior_logprobs, mb.advantages, mb.mask, num_tokens, self.cfg.clip_eps)
         else:
             loss, m = pg_loss(logp, mb.advantages, mb.mask, num_tokens, behavior_logprobs=mb.behavior_logprobs)
         loss.backward()
         m["loss"] = loss.item()
-        m["entropy_sum"] = float((entropy * mb.mask).sum())
+        m["entropy_sum"] = float(entropy.sum())
         return m
 
     def train_step(self, table: pa.Table) -> dict:

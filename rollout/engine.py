@@ -47,7 +47,7 @@ class VLLMEngine:
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
-                 max_model_len: int = 2048, seed: int = 0, gpu_memory_utilization: float = 0.5):
+                 max_model_len: int | None = None, seed: int = 0, gpu_memory_utilization: float = 0.5):
         import torch
         from vllm import LLM
 
