@@ -14,6 +14,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from distrl.advantages import group_advantages
 from distrl.config import TrainConfig
 from distrl.metrics import Metrics
@@ -72,14 +74,14 @@ class RolloutActor:
         self.metrics.scalars({"actor/policy_version": ann.version,
                               "actor/weight_load_s": time.perf_counter() - t0}, step=ann.version)
 
-    def _make_group(self, problem, result, t0: float, gen_s: float) -> "object":
+    def _make_group(self, problem, prompt_text: str, result, t0: float, gen_s: float) -> pa.Table:
+        """Score one prompt's completions, compute the group's advantages, build its Arrow rows."""
         comps = result.completions
         scored = [self.task.reward(c.text, c.token_ids, problem) for c in comps]
         rewards = [r for r, _ in scored]
         advantages = group_advantages(rewards, self.cfg.learner)
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
-        prompt_text = self.task.prompt(problem, self.engine.tokenizer)
         rows = [dict(sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=self.version, last_policy_version=self.version,
                      prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
@@ -97,8 +99,8 @@ class RolloutActor:
         results = self.engine.generate(prompts, self.cfg.group_size, self.cfg.temperature, self.cfg.max_new_tokens)
         gen_s = time.perf_counter() - c0
         rewards, tokens = [], 0
-        for problem, result in zip(problems, results):
-            table = self._make_group(problem, result, t0, gen_s)
+        for problem, prompt, result in zip(problems, prompts, results):
+            table = self._make_group(problem, prompt, result, t0, gen_s)
             self.client.put(table)
             rewards += table.column("reward").to_pylist()
             tokens += sum(len(c.token_ids) for c in result.completions)
