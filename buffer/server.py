@@ -1,19 +1,33 @@
 """The buffer process: a ZeroMQ ROUTER that wraps :class:`buffer.store.GroupStore`.
 
-Requests (see :class:`distrl.wire.MsgType`) arrive as ``[identity, header, body?]`` from DEALER
-clients (:class:`buffer.client.BufferClient`); REQ peers, whose messages carry an empty delimiter
-frame, are answered too. Every request gets exactly one reply:
+Requests (docs/protocol.md) arrive as ``[identity, header, body?]`` from DEALER clients
+(:class:`buffer.client.BufferClient`); REQ peers, whose messages carry an empty delimiter frame, are
+answered too. Every request gets exactly one reply, echoing its ``seq``:
 
-    PUT {body: one group}                     -> ACK {seq_no, duplicate}   (after the segment log fsync)
-    GET {learner_version, rank, world_size}   -> BATCH {body: the rank's shard} | WAIT {fresh_groups, batch_size}
-    CREDIT {want}                             -> CREDIT {granted, learner_version, min_policy_version}
-    STATS                                     -> STATS {counters of GroupStore.stats()}
+    PUT {body: one or more whole groups}      -> ACK {seq_no, duplicate[, seq_nos, duplicates]}
+    GET {learner_version, rank, world_size}   -> BATCH {body: the rank's shard} | WAIT {fresh_groups, reason}
+    CREDIT {want}                             -> CREDIT {granted, learner_version, min_policy_version, stop, full}
+    STATS                                     -> STATS {counters}
+    STOP                                      -> ACK; credit replies say stop from now on
     SHUTDOWN                                  -> ACK, then the loop ends
-    anything malformed                        -> ERROR {error}; the server keeps serving
+    anything else                             -> ERROR {error, code}; the server keeps serving
 
-Metrics (TensorBoard, stepped by learner version) are written about once a second and at each
-selection: buffer/rows, groups, ingest_groups_per_s, evicted_stale, credits_granted, duplicates,
-learner_version, and the histogram buffer/staleness of every selection.
+Group commit: PUT ACKs are sent only once the segment log is durable (``--fsync``), so an ACK is never
+sent for a group the log could lose. Under ``fsync=batch`` one fsync at a time runs in a thread,
+covering every append made before it started, while the loop goes on handling requests; when it
+ends, its ACKs are sent and the next fsync starts. Other replies are sent at once. Consumption records are written and flushed before their BATCH is sent (a killed buffer
+keeps them); under ``fsync=batch`` they reach the disk at the next tick (within a second), under
+``always`` before the BATCH.
+
+Modes: a fresh buffer (the run directory must hold no segments), ``resume`` (memory rebuilt from the
+run directory's logs, :mod:`buffer.recovery`) and ``replay_from`` (offline replay: the log of another
+run is loaded, PUTs are refused, credits say stop, and a GET that cannot be served is an ERROR
+``exhausted`` since nothing more will arrive).
+
+Metrics (TensorBoard, stepped by learner version), about once a second: buffer/rows, bytes, groups,
+ingest_rows_per_s, ingest_mb_per_s, ingest_groups_per_s, duplicates, evicted_<reason>, credits_granted,
+credits_refunded, refused_full, bad_requests, learner_version, get_latency_ms (histogram, p50, p99);
+and at each selection the histogram buffer/staleness and buffer/staleness_mean.
 """
 
 from __future__ import annotations
@@ -23,21 +37,37 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-import pyarrow as pa
+import numpy as np
 import zmq
 
-from buffer.segments import ConsumptionLog, SegmentLog
-from buffer.store import GroupStore
+from buffer.recovery import restore_store
+from buffer.security import CurveServer
+from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
+from buffer.store import BufferFull, GroupStore
 from distrl import wire
 from distrl.metrics import Metrics
-from distrl.wire import Header, MsgType, WireError
+from distrl.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MSG_BYTES = 256 * 2**20
+MAX_BATCH = 64  # requests handled per group commit
 SENDER = "buffer"
+
+
+class Unsupported(ValueError):
+    """A well-formed request of a type this server does not answer (ERROR code ``unsupported``)."""
+
+
+class Exhausted(RuntimeError):
+    """Replay: no batch can be made and none ever will (ERROR code ``exhausted``)."""
+
+
+ERROR_CODES = ((wire.VersionError, "version"), (wire.WireError, "malformed"), (Unsupported, "unsupported"),
+               (BufferFull, "full"), (Exhausted, "exhausted"), ((ValueError, KeyError, TypeError), "invalid"))
 
 
 def bindable(address: str) -> str:
@@ -45,11 +75,11 @@ def bindable(address: str) -> str:
     return re.sub(r":0$", ":*", address)
 
 
-def int_field(header: Header, name: str) -> int:
-    """An integer field of a request header. Raises ValueError naming the field if missing or not int."""
+def int_field(header: Header, name: str, hi: int = 2**53) -> int:
+    """An integer field in [0, hi] of a request header. Raises ValueError naming the field otherwise."""
     value = header.fields.get(name)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{header.type.value} needs an integer field {name!r}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
+        raise ValueError(f"{header.type.value} needs an integer field {name!r} in [0, {hi}], got {value!r}")
     return value
 
 
@@ -59,41 +89,85 @@ class BufferServer:
     Args:
         address: zmq endpoint, e.g. ``tcp://127.0.0.1:5555``; port 0 or ``*`` picks a free port.
         run_dir: run directory; ``segments/`` and ``consumed.jsonl`` are written there.
-        batch_size, max_staleness, topk, group_size, topk_by: see :class:`GroupStore`.
+        batch_size, max_staleness, topk, group_size: see :class:`GroupStore`.
         tb_dir: TensorBoard directory (e.g. ``<run_dir>/tb/buffer0``); None writes no metrics.
+        topk_by, order, filter_zero_variance, replay_ratio, max_rows, max_bytes: see GroupStore.
+        fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
-    Raises zmq.ZMQError if the address cannot be bound.
+        resume: rebuild memory from ``run_dir``'s logs (:mod:`buffer.recovery`).
+        replay_from: offline replay of the log in this directory; ``restamp``: its staleness model.
+        curve_secret_key, curve_client_keys: CURVE (:mod:`buffer.security`); None for plain TCP.
+    Raises zmq.ZMQError if the address cannot be bound, FileExistsError if a fresh buffer's run
+    directory already holds segments, ValueError on bad options or a corrupt log.
     """
 
     def __init__(self, address: str, run_dir: str | os.PathLike, batch_size: int, max_staleness: int,
-                 topk: int, group_size: int, tb_dir: str | os.PathLike | None = None,
-                 max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, topk_by: str = "reward", poll_ms: int = 50) -> None:
-        self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by)
-        self.poll_ms = poll_ms
+                 topk: int, group_size: int, tb_dir: str | os.PathLike | None = None, *,
+                 topk_by: str = "reward", order: str = "fifo", filter_zero_variance: bool = False,
+                 replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
+                 fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
+                 retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, poll_ms: int = 50,
+                 resume: bool = False, replay_from: str | os.PathLike | None = None, restamp: bool = False,
+                 curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
+        if not resume and replay_from is None and segment_paths(run_dir):
+            raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
+                                  f"or give a new run directory")
+        self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by, order, filter_zero_variance,
+                                replay_ratio, max_rows, max_bytes, restamp)
+        self.replay = replay_from is not None
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
-        try:
-            self._sock.bind(bindable(address))
-        except zmq.ZMQError as exc:
-            self._sock.close()
-            self._ctx.term()
-            raise zmq.ZMQError(exc.errno, f"buffer cannot bind {address}: {exc} (pick another port, or 0)") from None
+        self._curve = None if curve_secret_key is None else CurveServer(self._ctx, curve_secret_key, curve_client_keys)
+        self._sock = self._bind(address, max_msg_bytes)  # requests queue until serve() runs
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.segments = SegmentLog(run_dir)
-        self.consumed = ConsumptionLog(run_dir)
+        try:
+            if resume or self.replay:
+                source = replay_from if self.replay else run_dir
+                restored = restore_store(self.store, source, use_consumed=not self.replay)
+                log.info("buffer %s %s: %s", "replaying" if self.replay else "resumed from", source, restored)
+            self.segments = None if self.replay else SegmentLog(
+                run_dir, fsync, segment_max_bytes, self.store.groups_put, retention_bytes, retention_s, group_size)
+            self.consumed = ConsumptionLog(run_dir, fsync)
+        except BaseException:
+            self._sock.close(linger=0)
+            self._close_context()
+            raise
+        self.poll_ms = poll_ms
+        self._fsync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-fsync")
+        self._syncing: tuple[Future, list] | None = None  # an fsync in flight and the ACKs it covers
+        self._unsynced: list[list] = []  # ACKs of appends made since that fsync started
+        self._wake_r, self._wake_w = os.pipe()
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self.metrics = Metrics(tb_dir)
-        self._handlers: dict[MsgType, Callable[[Header, pa.Table | None], list[bytes]]] = {
+        self._handlers: dict[MsgType, Callable[[Header, bytes | None], list[bytes]]] = {
             MsgType.PUT: self._on_put, MsgType.GET: self._on_get, MsgType.CREDIT: self._on_credit,
             MsgType.STATS: self._on_stats, MsgType.STOP: self._on_stop, MsgType.SHUTDOWN: self._on_shutdown,
         }
-        self._running = False
-        self._stopping = False  # set by STOP: training is over, actors are told to stop
-        self._shutdown_requested = False
-        self._last_tick, self._last_groups_put = time.monotonic(), 0
-        self._closed = False
+        self._running = self._closed = self._shutdown_requested = False
+        self._stopping = self.replay  # STOP received (or replay): credit replies say stop
+        self.bad_requests = 0
+        self._last_tick, self._ingest = time.monotonic(), [0, 0, 0]  # rows, bytes, groups since the tick
+        self._get_ms: list[float] = []
+        self._last_wait: tuple[str, float] = ("", 0.0)
+
+    def _bind(self, address: str, max_msg_bytes: int) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+        if self._curve is not None:
+            self._curve.apply(sock)
+        try:
+            sock.bind(bindable(address))
+        except zmq.ZMQError as exc:
+            sock.close()
+            self._close_context()
+            raise zmq.ZMQError(exc.errno, f"buffer cannot bind {address}: {exc} (pick another port, or 0)") from None
+        host = address.split("://")[-1].rsplit(":", 1)[0]
+        if self._curve is None and host not in ("127.0.0.1", "localhost", "[::1]", "::1") and "ipc://" not in address:
+            log.warning("buffer bound to %s without CURVE: anyone who reaches it can PUT and GET", address)
+        return sock
 
     # ---- loop --------------------------------------------------------------------------------
 
@@ -102,99 +176,198 @@ class BufferServer:
         self._running = True
         log.info("buffer serving at %s", self.address)
         while self._running and not (stop is not None and stop.is_set()):
-            if self._sock.poll(self.poll_ms):
-                for _ in range(256):  # drain what is queued, then look at the clock again
-                    try:
-                        msg = self._sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._handle(msg)
-                    if not self._running:
-                        break
+            ready = dict(self._poller.poll(self.poll_ms))  # requests, or an fsync that finished
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            if self._sock in ready:
+                self._handle_queued()
+            self._advance_commit()
             if time.monotonic() - self._last_tick >= 1.0:
-                self._log_metrics()
-        self._log_metrics()
+                self._tick()
+        while self._syncing is not None or self._unsynced:  # acknowledge what was handled
+            if self._syncing is not None:
+                self._syncing[0].result()
+            self._advance_commit()
+        self._tick()
         self.metrics.flush()
 
-    def _handle(self, msg: list[bytes]) -> None:
-        """Answer one request; bad input gets an ERROR reply, never an exception."""
+    def _handle_queued(self) -> None:
+        """Handle what is queued (up to MAX_BATCH requests): send the replies that acknowledge nothing
+        written now; keep PUT ACKs until the log is durable (:meth:`_advance_commit`)."""
+        now = []
+        for _ in range(MAX_BATCH):
+            try:
+                msg = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)  # zero-copy: bodies stay zmq frames
+            except zmq.Again:
+                break
+            reply, acknowledges_a_put = self._handle(msg)
+            (self._unsynced if acknowledges_a_put else now).append(reply)
+            if not self._running:
+                break
+        self._send(now)
+
+    def _advance_commit(self) -> None:
+        """Group commit: send the ACKs covered by a finished fsync; when none is running, start one (in a
+        thread) covering every append so far, so handling goes on while the disk works."""
+        if self._syncing is not None and self._syncing[0].done():
+            (future, replies), self._syncing = self._syncing, None
+            future.result()  # an fsync error ends the server: nothing is acknowledged that is not on disk
+            self._send(replies)
+        if self._syncing is None and self._unsynced:
+            future = None if self.segments is None else self.segments.commit_async(self._fsync_pool)
+            replies, self._unsynced = self._unsynced, []
+            if future is None:  # fsync always/never: already as durable as it will be
+                self._send(replies)
+            else:
+                self._syncing = (future, replies)
+                future.add_done_callback(lambda _: os.write(self._wake_w, b"."))  # wakes the poll
+
+    def _send(self, replies: list[list]) -> None:
+        for frames in replies:
+            self._sock.send_multipart(frames)
+
+    def _handle(self, msg: list[zmq.Frame]) -> tuple[list, bool]:
+        """The reply frames (with the envelope) to one request, and whether it acknowledges a PUT; bad
+        input gets ERROR, never an exception."""
         envelope, frames = msg[:1], msg[1:]
-        if len(frames) > 1 and frames[0] == b"":  # a REQ peer's delimiter
+        if len(frames) > 1 and len(frames[0]) == 0:  # a REQ peer's delimiter
             envelope, frames = msg[:2], msg[2:]
         seq = 0
         try:
-            header, body = wire.decode(frames)
+            header, body = wire.decode_raw([f.bytes if i == 0 else f.buffer for i, f in enumerate(frames)])
             seq = header.seq
             handler = self._handlers.get(header.type)
             if handler is None:
-                raise ValueError(f"the buffer does not answer {header.type.value} messages")
-            reply = handler(header, body)
-        except (WireError, ValueError, KeyError, TypeError) as exc:
-            log.warning("bad request from %r: %s", envelope[0], exc)
-            reply = wire.error(f"{type(exc).__name__}: {exc}", SENDER, seq)
-        self._sock.send_multipart([*envelope, *reply])
+                raise Unsupported(f"the buffer does not answer {header.type.value} messages")
+            if body is not None and header.type is not MsgType.PUT:
+                raise ValueError(f"{header.type.value} takes no body")
+            return [*envelope, *handler(header, body)], header.type is MsgType.PUT
+        except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
+            return [*envelope, *self._error(exc, envelope, seq)], False
+
+    def _error(self, exc: Exception, envelope: list[bytes], seq: int) -> list[bytes]:
+        self.bad_requests += 1
+        code = next((c for types, c in ERROR_CODES if isinstance(exc, types)), "internal")
+        if code == "internal":
+            log.exception("buffer: internal error on a request from %r", envelope[0])
+        elif code != "full":
+            log.debug("bad request from %r: %s", envelope[0], exc)
+        return wire.error(f"{type(exc).__name__}: {exc}", SENDER, seq, code=code)
 
     # ---- handlers ----------------------------------------------------------------------------
 
-    def _on_put(self, header: Header, body: pa.Table | None) -> list[bytes]:
+    def _on_put(self, header: Header, body: memoryview | None) -> list[bytes]:
+        if self.segments is None:
+            raise Unsupported("this is an offline replay buffer: it takes no PUTs")
         if body is None:
             raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
-        seq_no, duplicate = self.store.put(body, persist=self.segments.append)
-        return wire.encode(MsgType.ACK, SENDER, header.seq, seq_no=seq_no, duplicate=duplicate)
+        batch, message = wire.decode_group(body)  # the received bytes go to the segment log as they are
+        results = self.store.put_groups(batch, lambda b, seq: self.segments.append(b, seq, message if b is batch else None),
+                                        len(body))
+        new = sum(not dup for _, dup in results)
+        self._ingest[0] += new * self.store.group_size
+        self._ingest[1] += len(body) * new // len(results)
+        self._ingest[2] += new
+        fields = {"seq_no": results[0][0], "duplicate": new == 0}
+        if len(results) > 1:
+            fields.update(seq_nos=[seq for seq, _ in results], duplicates=len(results) - new)
+        return wire.encode(MsgType.ACK, SENDER, header.seq, **fields)
 
-    def _on_get(self, header: Header, body: pa.Table | None) -> list[bytes]:
-        version = int_field(header, "learner_version")
-        rank, world_size = int_field(header, "rank"), int_field(header, "world_size")
+    def _on_get(self, header: Header, body: bytes | None) -> list[bytes]:
+        t0 = time.perf_counter()
+        version = int_field(header, "learner_version", 2**40)
+        rank, world_size = int_field(header, "rank", 4095), int_field(header, "world_size", 4096)
         before = self.store.selections
         shard = self.store.select(version, rank, world_size)
         if shard is None:
+            if self.replay:
+                raise Exhausted(f"the replayed log cannot feed version {version}: {self.store.fresh_groups(version)} "
+                                f"of {self.store.batch_size} groups left are eligible (the others were used "
+                                f"replay_ratio={self.store.replay_ratio} times or are too stale)")
+            reason = self.store.wait_reason(version)
+            self._log_wait(reason)
             return wire.encode(MsgType.WAIT, SENDER, header.seq, fresh_groups=self.store.fresh_groups(version),
-                               batch_size=self.store.batch_size, learner_version=self.store.learner_version)
-        self.consumed.append(version, rank, shard)
-        if self.store.selections != before:
+                               batch_size=self.store.batch_size, learner_version=self.store.learner_version,
+                               reason=reason)
+        if self.store.selections != before:  # a new selection: record every shard before any is sent
+            for r, s in enumerate(self.store.selection(version)):
+                self.consumed.append(version, r, s, world_size)
             self._log_selection(version)
-        return wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,
-                           rank=rank, world_size=world_size, rows=shard.num_rows)
+        reply = wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,
+                            rank=rank, world_size=world_size, rows=shard.num_rows)
+        self._get_ms.append((time.perf_counter() - t0) * 1e3)
+        return reply
 
-    def _on_credit(self, header: Header, body: pa.Table | None) -> list[bytes]:
-        want = int_field(header, "want")
+    def _on_credit(self, header: Header, body: bytes | None) -> list[bytes]:
+        want = int_field(header, "want", 2**31)
         granted = 0 if self._stopping else self.store.grant_credits(want)
-        return wire.encode(MsgType.CREDIT, SENDER, header.seq, granted=granted,
-                           learner_version=self.store.learner_version,
-                           min_policy_version=self.store.min_policy_version, stop=self._stopping)
+        fields = dict(granted=granted, learner_version=self.store.learner_version,
+                      min_policy_version=self.store.min_policy_version, stop=self._stopping, full=self.store.full)
+        if self.store.full:
+            fields["reason"] = "buffer full: no credits until the learners consume"
+        return wire.encode(MsgType.CREDIT, SENDER, header.seq, **fields)
 
-    def _on_stop(self, header: Header, body: pa.Table | None) -> list[bytes]:
+    def _on_stop(self, header: Header, body: bytes | None) -> list[bytes]:
         self._stopping = True
         log.info("training is over (STOP from %s): credits now answer stop", header.sender)
         return wire.encode(MsgType.ACK, SENDER, header.seq)
 
-    def _on_stats(self, header: Header, body: pa.Table | None) -> list[bytes]:
-        return wire.encode(MsgType.STATS, SENDER, header.seq, **self.store.stats())
+    def _on_stats(self, header: Header, body: bytes | None) -> list[bytes]:
+        return wire.encode(MsgType.STATS, SENDER, header.seq, **self.stats())
 
-    def _on_shutdown(self, header: Header, body: pa.Table | None) -> list[bytes]:
+    def _on_shutdown(self, header: Header, body: bytes | None) -> list[bytes]:
         self._running = False
         self._shutdown_requested = True
         return wire.encode(MsgType.ACK, SENDER, header.seq)
 
-    # ---- metrics -----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The store's counters plus the server's (bad_requests, segments_deleted, replay)."""
+        deleted = 0 if self.segments is None else self.segments.deleted
+        return {**self.store.stats(), "bad_requests": self.bad_requests, "segments_deleted": deleted,
+                "replay": self.replay}
 
-    def _log_metrics(self) -> None:
+    # ---- metrics and housekeeping --------------------------------------------------------------
+
+    def _log_wait(self, reason: str) -> None:
+        """Log why a GET waits: when the reason changes, else at most every 30 s."""
+        last, at = self._last_wait
+        if reason != last or time.monotonic() - at > 30.0:
+            (log.warning if "filter_zero_variance" in reason else log.info)("buffer: GET waits: %s", reason)
+            self._last_wait = (reason, time.monotonic())
+
+    def _tick(self) -> None:
         now = time.monotonic()
-        stats = self.store.stats()
-        rate = (stats["groups_put"] - self._last_groups_put) / max(now - self._last_tick, 1e-6)
-        self._last_tick, self._last_groups_put = now, stats["groups_put"]
-        names = ("rows", "groups", "evicted_stale", "credits_granted", "duplicates", "learner_version")
+        dt = max(now - self._last_tick, 1e-6)
+        stats = self.stats()
+        names = ("rows", "bytes", "groups", "duplicates", "credits_granted", "credits_refunded", "refused_full",
+                 "bad_requests", "learner_version", *(k for k in stats if k.startswith("evicted_")))
         values = {f"buffer/{name}": stats[name] for name in names}
-        values["buffer/ingest_groups_per_s"] = rate
-        self.metrics.scalars(values, step=stats["learner_version"])
+        rows, nbytes, groups = self._ingest
+        values.update({"buffer/ingest_rows_per_s": rows / dt, "buffer/ingest_mb_per_s": nbytes / dt / 1e6,
+                       "buffer/ingest_groups_per_s": groups / dt})
+        step = stats["learner_version"]
+        if self._get_ms:
+            values["buffer/get_latency_ms_p50"] = float(np.percentile(self._get_ms, 50))
+            values["buffer/get_latency_ms_p99"] = float(np.percentile(self._get_ms, 99))
+            self.metrics.histogram("buffer/get_latency_ms", self._get_ms, step=step)
+        self.metrics.scalars(values, step=step)
+        self._last_tick, self._ingest, self._get_ms = now, [0, 0, 0], []
+        self.consumed.commit()
+        if self.segments is not None:
+            for path in self.segments.apply_retention(self.store.oldest_held_seq()):
+                log.info("buffer: retention deleted %s", path.name)
 
     def _log_selection(self, version: int) -> None:
         staleness = self.store.last_staleness
         self.metrics.histogram("buffer/staleness", staleness, step=version)
         self.metrics.scalar("buffer/staleness_mean", sum(staleness) / max(len(staleness), 1), step=version)
-        self._log_metrics()
 
     # ---- lifetime ----------------------------------------------------------------------------
+
+    def _close_context(self) -> None:
+        if self._curve is not None:
+            self._curve.stop()
+        self._ctx.term()
 
     def close(self) -> None:
         """Close the socket (linger 0; 500 ms after a SHUTDOWN so its ACK leaves), logs and metrics."""
@@ -202,8 +375,12 @@ class BufferServer:
             return
         self._closed = True
         self._sock.close(linger=500 if self._shutdown_requested else 0)
-        self._ctx.term()
-        self.segments.close()
+        self._close_context()
+        if self.segments is not None:
+            self.segments.close()
+        self._fsync_pool.shutdown()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         self.consumed.close()
         self.metrics.close()
 
@@ -212,16 +389,3 @@ class BufferServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def run_buffer(address: str, run_dir: str | os.PathLike, batch_size: int, max_staleness: int, topk: int,
-               group_size: int, tb_dir: str | os.PathLike | None = None,
-               ready: Callable[[str], None] | None = None, **kwargs) -> None:
-    """Build a :class:`BufferServer`, call ``ready(real_address)`` if given, serve until SHUTDOWN, close.
-
-    ``kwargs`` go to BufferServer (max_msg_bytes, topk_by, poll_ms).
-    """
-    with BufferServer(address, run_dir, batch_size, max_staleness, topk, group_size, tb_dir, **kwargs) as server:
-        if ready is not None:
-            ready(server.address)
-        server.serve()

@@ -1,34 +1,49 @@
-"""The buffer's pure core: groups, staleness eviction, top-k selection and credits. No sockets.
+"""The buffer's pure core: held groups, staleness eviction, selection, credits and bounds. No sockets.
 
 A *group* is the ``group_size`` completions of one prompt instance (rows of
-:data:`distrl.wire.COMPLETION_SCHEMA`). Groups get a sequence number in PUT order. For each policy
-version V the learner group makes ONE selection: the ``batch_size`` oldest groups whose
-``V - policy_version <= max_staleness``, each cut to its top-k completions, sharded across ranks
-(group i goes to rank ``i % world_size``).
+:data:`distrl.wire.COMPLETION_SCHEMA`). Each accepted group gets a sequence number ``seq`` in PUT
+order (its position in the segment log). It is held as the record batch it arrived in (zero-copy
+over the received message); its top-k rows (:func:`buffer.held.parse_groups`, the same rule as
+:func:`buffer.selection.topk_rows`) are chosen on arrival and cut out, for all groups of a batch at
+once, when the batch is selected. A PUT may carry several whole groups (:meth:`GroupStore.put_groups`).
 
-Credits follow AReaL's rule: at most ``(learner_version + max_staleness + 1) * batch_size`` groups
-may be in play. As in AReaL, where only *accepted* samples count, a group evicted as stale gives its
-credit back, so one slow actor cannot starve the learners.
+For each policy version V the learner group makes ONE selection: ``batch_size`` groups among those
+*eligible* at V (``0 <= V - policy_version <= max_staleness``), taken in ``order``
+(:mod:`buffer.selection`), sharded across ranks (group i goes to rank ``i % world_size``). A group
+is handed out up to ``replay_ratio`` times (to different versions), then it leaves memory.
+
+Groups leave memory otherwise only by eviction, counted per reason: ``stale`` (the learner moved past
+``policy_version + max_staleness``) and ``zero_variance`` (``filter_zero_variance``: all rewards
+equal). An evicted group gives its credit back.
+
+Credits follow AReaL's rule: at most ``(learner_version + max_staleness + 1) * batch_size`` groups may
+be granted, net of refunds. When memory is full (``max_rows`` completions or ``max_bytes`` Arrow bytes
+held) no credit is granted and PUTs raise :class:`BufferFull`: nothing is ever dropped silently.
+
+With ``restamp`` (offline replay) a group's staleness counts from the first version that trains on it:
+it is eligible until then, and the rows handed out carry that version as ``policy_version``.
 """
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+import numpy as np
 import pyarrow as pa
 
+from buffer.held import Held, Slots, as_batch, cut, parse_groups, rows_of
+from buffer.selection import first_k, order_keys
 from distrl.wire import COMPLETION_SCHEMA
 
+EVICTION_REASONS = ("stale", "zero_variance")
 
-@dataclass
-class _Group:
-    seq: int
-    group_id: str
-    policy_version: int
-    table: pa.Table
+
+Persist = Callable[[pa.RecordBatch, int], None]  # (new groups, seq of the first) -> None
+
+
+class BufferFull(RuntimeError):
+    """A PUT that would exceed ``max_rows`` or ``max_bytes``: refused, nothing stored (retry later)."""
 
 
 @dataclass
@@ -39,123 +54,195 @@ class _Selection:
     served: set[int] = field(default_factory=set)
 
 
-def topk_rows(table: pa.Table, k: int, by: Literal["reward", "abs_advantage"] = "reward") -> pa.Table:
-    """The k rows of ``table`` with the largest ``reward`` (or ``|advantage|``), in their original order.
-
-    Ties go to the earlier row. Raises ValueError if ``by`` is unknown.
-    """
-    if by == "reward":
-        keys = table.column("reward").to_pylist()
-    elif by == "abs_advantage":
-        keys = [abs(a) for a in table.column("advantage").to_pylist()]
-    else:
-        raise ValueError(f"topk_by must be 'reward' or 'abs_advantage', got {by!r}")
-    best = sorted(range(len(keys)), key=lambda i: (-keys[i], i))[:k]
-    return table.take(sorted(best))
-
-
 class GroupStore:
-    """Groups waiting to be trained on, with staleness eviction, top-k selection and credits.
+    """Groups waiting to be trained on, with eviction, selection, credits and memory bounds.
 
     Args:
         batch_size: groups per policy version, across all learners.
         max_staleness: largest ``learner_version - policy_version`` handed out (0 = on-policy).
         topk: completions kept per group (1 <= k <= group_size).
         group_size: completions per group (n); every PUT must have exactly this many rows.
-        topk_by: ``"reward"`` (default) or ``"abs_advantage"``.
+        topk_by: ``"reward"`` or ``"abs_advantage"``.
+        order: ``"fifo"``, ``"freshest"`` or ``"variance"`` (see :mod:`buffer.selection`).
+        filter_zero_variance: evict groups whose rewards are all equal on arrival.
+        replay_ratio: times a group may be handed out (>= 1).
+        max_rows, max_bytes: memory bounds (completions of whole groups, Arrow bytes); None = unbounded.
+        restamp: staleness counts from a group's first use (offline replay), not its recorded version.
     Raises ValueError on out-of-range arguments.
     """
 
     def __init__(self, batch_size: int, max_staleness: int, topk: int, group_size: int,
-                 topk_by: Literal["reward", "abs_advantage"] = "reward") -> None:
-        if batch_size < 1 or group_size < 1 or max_staleness < 0:
-            raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0; got "
-                             f"{batch_size}, {group_size}, {max_staleness}")
+                 topk_by: Literal["reward", "abs_advantage"] = "reward", order: str = "fifo",
+                 filter_zero_variance: bool = False, replay_ratio: int = 1, max_rows: int | None = None,
+                 max_bytes: int | None = None, restamp: bool = False) -> None:
+        if batch_size < 1 or group_size < 1 or max_staleness < 0 or replay_ratio < 1:
+            raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0, replay_ratio >= 1; "
+                             f"got {batch_size}, {group_size}, {max_staleness}, {replay_ratio}")
         if not 1 <= topk <= group_size:
             raise ValueError(f"topk must be in [1, group_size={group_size}], got {topk}")
         if topk_by not in ("reward", "abs_advantage"):
             raise ValueError(f"topk_by must be 'reward' or 'abs_advantage', got {topk_by!r}")
+        order_keys(order, *[np.zeros(0)] * 3)  # raises ValueError on an unknown order
+        if max_rows is not None and max_rows < batch_size * group_size:
+            raise ValueError(f"max_rows={max_rows} cannot hold one batch of {batch_size} groups x {group_size} rows")
         self.batch_size, self.max_staleness, self.topk, self.group_size = batch_size, max_staleness, topk, group_size
-        self.topk_by = topk_by
+        self.topk_by, self.order, self.filter_zero_variance = topk_by, order, filter_zero_variance
+        self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
         self.learner_version = 0
-        self._groups: OrderedDict[int, _Group] = OrderedDict()  # seq -> group, oldest first
+        self._slots = Slots()
         self._seen: dict[str, int] = {}  # sample_id -> seq of the group that brought it
         self._selections: dict[int, _Selection] = {}  # version -> selection not yet dropped
-        self._next_seq = 0
-        self._rows = self._bytes = 0
-        self.duplicates = self.evicted_stale = 0
+        self._last_selected = -1  # selections are made for increasing versions only
+        self._next_seq = self._next_arrival = 0
+        self.rows = self.bytes = 0
+        self.duplicates = self.refused_full = self.selections = 0
+        self.evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self.credits_granted = self.credits_refunded = 0
-        self.selections = 0
+        self.filtered_since_batch = 0  # zero-variance evictions since the last selection (WAIT reason)
         self.last_staleness: list[int] = []
 
     # ---- PUT ---------------------------------------------------------------------------------
 
-    def put(self, table: pa.Table, persist: Callable[[pa.Table], None] | None = None) -> tuple[int, bool]:
-        """Accept one whole group; returns ``(seq_no, duplicate)``.
+    def put(self, group: pa.Table | pa.RecordBatch, persist: Persist | None = None,
+            nbytes: int | None = None) -> tuple[int, bool]:
+        """Accept one whole group; returns ``(seq, duplicate)``. See :meth:`put_groups`."""
+        batch = as_batch(group)
+        if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
+            raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
+        return self.put_groups(batch, persist, nbytes)[0]
 
-        ``persist(table)`` (e.g. ``SegmentLog.append``) runs after validation and the duplicate check,
-        before the group is committed: if it raises, nothing changes. A group whose sample ids were
-        all accepted before is a duplicate: dropped, counted, and answered with its original seq_no.
-        A group already staler than the bound is committed (and persisted) but evicted at once.
-        Raises ValueError if the table is not one valid group.
+    def put_groups(self, groups: pa.Table | pa.RecordBatch, persist: Persist | None = None,
+                   nbytes: int | None = None) -> list[tuple[int, bool]]:
+        """Accept one or more whole groups (consecutive runs of ``group_size`` rows); returns ``(seq,
+        duplicate)`` per group, in order.
+
+        A group whose sample ids were all accepted before is a duplicate: dropped, counted, answered
+        with its original seq. ``persist(batch, first_seq)`` (e.g. ``SegmentLog.append``) gets the new
+        groups after validation and the duplicate and room checks, before anything is committed: if it
+        raises, nothing changes. A group already stale, or filtered, is committed (and persisted) but
+        evicted. ``nbytes``: the memory the batch holds, if known (the received message's size).
+        Raises ValueError if the rows are not valid whole groups (nothing is accepted then),
+        BufferFull if the new groups do not all fit in memory.
         """
-        group_id, version, sample_ids = self._check_group(table)
-        known = {self._seen.get(s) for s in sample_ids}
-        if known != {None}:
-            if len(known) == 1:
-                self.duplicates += 1
-                return known.pop(), True
-            raise ValueError(f"group {group_id!r} reuses sample ids of accepted groups (seq "
-                             f"{sorted(s for s in known if s is not None)}) but is not one of them")
-        if persist is not None:
-            persist(table)
-        seq = self._next_seq
-        self._next_seq += 1
-        self._seen.update((s, seq) for s in sample_ids)
-        self._groups[seq] = _Group(seq, group_id, version, table)
-        self._rows += table.num_rows
-        self._bytes += table.nbytes
-        self._evict_stale()
-        return seq, False
+        batch = as_batch(groups)
+        g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
+        n, results, new = self.group_size, [], []
+        seen_before = self._seen.keys() & g.sample_ids  # one set operation in C; usually empty
+        for i, group_id in enumerate(g.group_ids):
+            known = {self._seen.get(s) for s in g.sample_ids[i * n:(i + 1) * n]} if seen_before else {None}
+            if known == {None}:
+                new.append(i)
+                results.append(None)
+            elif len(known) == 1:
+                results.append((known.pop(), True))
+            else:
+                raise ValueError(f"group {group_id!r} reuses sample ids of accepted groups (seq "
+                                 f"{sorted(s for s in known if s is not None)}) but is not one of them")
+        self.duplicates += len(g.group_ids) - len(new)
+        size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // len(g.group_ids)
+        held = [Held(batch, i * n, n, g.keep[i], size) for i in new]
+        filtered = [self.filter_zero_variance and g.variance[i] == 0.0 for i in new]
+        self._check_room([h for h, f in zip(held, filtered) if not f])
+        if persist is not None and new:
+            persist(batch if len(new) == len(g.group_ids) else rows_of(batch, new, n), self._next_seq)
+        for i, h, f in zip(new, held, filtered):
+            seq, self._next_seq = self._next_seq, self._next_seq + 1
+            self._seen.update(dict.fromkeys(g.sample_ids[i * n:(i + 1) * n], seq))
+            self._admit(seq, g.versions[i], g.variance[i], h, 0, f)
+            results[i] = (seq, False)
+        return results
 
-    def _check_group(self, table: pa.Table) -> tuple[str, int, list[str]]:
-        """Validate one group; returns (group_id, policy_version, sample_ids). Raises ValueError."""
-        if not isinstance(table, pa.Table) or not table.schema.equals(COMPLETION_SCHEMA):
-            raise ValueError("a group must be a pyarrow Table with distrl.wire.COMPLETION_SCHEMA")
-        if table.num_rows != self.group_size:
-            raise ValueError(f"a group must have group_size={self.group_size} rows, got {table.num_rows}")
-        group_ids = set(table.column("group_id").to_pylist())
-        versions = set(table.column("policy_version").to_pylist())
-        if len(group_ids) != 1 or len(versions) != 1:
-            raise ValueError(f"all rows of a group must share group_id and policy_version, got group ids "
-                             f"{sorted(group_ids)[:4]} and versions {sorted(versions)[:4]}")
-        sample_ids = table.column("sample_id").to_pylist()
-        if len(set(sample_ids)) != len(sample_ids):
-            raise ValueError(f"sample ids within group {next(iter(group_ids))!r} are not unique")
-        for name in ("reward", "advantage"):
-            if any(math.isnan(x) for x in table.column(name).to_pylist()):
-                raise ValueError(f"group {next(iter(group_ids))!r} has a NaN {name}")
-        return group_ids.pop(), versions.pop(), sample_ids
+    def restore(self, group: pa.Table | pa.RecordBatch, seq: int, uses: int = 0) -> None:
+        """Re-admit one group read back from the segment log (resume, replay); no persist, no dedup count.
 
-    # ---- staleness ---------------------------------------------------------------------------
+        It counts as produced (one credit granted); its sample ids become seen; it is held unless it
+        was already used ``replay_ratio`` times or is filtered. Raises ValueError if it is not a valid
+        group or repeats sample ids, BufferFull if memory is full.
+        """
+        batch = as_batch(group)
+        if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
+            raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
+        g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
+        if any(s in self._seen for s in g.sample_ids):
+            raise ValueError(f"group {g.group_ids[0]!r} (seq {seq}) repeats sample ids of an earlier group")
+        self._seen.update(dict.fromkeys(g.sample_ids, seq))
+        self._next_seq = max(self._next_seq, seq + 1)
+        self.credits_granted += 1
+        if uses >= self.replay_ratio:
+            return
+        held = Held(batch, 0, batch.num_rows, g.keep[0], batch.get_total_buffer_size())
+        filtered = self.filter_zero_variance and g.variance[0] == 0.0
+        if not filtered:
+            self._check_room([held])
+        self._admit(seq, g.versions[0], g.variance[0], held, uses, filtered)
+
+    def _check_room(self, held: list[Held]) -> None:
+        rows, nbytes = sum(h.rows for h in held), sum(h.nbytes for h in held)
+        over_rows = self.max_rows is not None and self.rows + rows > self.max_rows
+        over_bytes = self.max_bytes is not None and self.bytes + nbytes > self.max_bytes
+        if over_rows or over_bytes:
+            self.refused_full += 1
+            raise BufferFull(f"buffer full: {self.rows} of max_rows={self.max_rows} completions and {self.bytes} "
+                             f"of max_bytes={self.max_bytes} bytes held; retry once the learners consume "
+                             f"(or raise --max_rows / --max_bytes)")
+
+    def _admit(self, seq: int, version: int, variance: float, held: Held, uses: int, filtered: bool) -> None:
+        if filtered:
+            self.filtered_since_batch += 1
+            self._count_eviction("zero_variance", 1)
+            return
+        stamp = -1 if self.restamp else version
+        slot = self._slots.add(seq, self._next_arrival, stamp, variance, uses, held)
+        self._next_arrival += 1
+        self.rows += held.rows
+        self.bytes += held.nbytes
+        if stamp >= 0 and self.learner_version - stamp > self.max_staleness:
+            self._evict(np.array([slot]), "stale")
+
+    # ---- leaving memory ----------------------------------------------------------------------
+
+    def _remove(self, slot: int) -> None:
+        held = self._slots.remove(slot)
+        self.rows -= held.rows
+        self.bytes -= held.nbytes
+
+    def _evict(self, slots: np.ndarray, reason: str) -> None:
+        for slot in slots.tolist():
+            self._remove(slot)
+        self._count_eviction(reason, len(slots))
+
+    def _count_eviction(self, reason: str, n: int) -> None:
+        self.evicted[reason] += n
+        self.credits_refunded += min(n, self.credits_granted - self.credits_refunded)
+
+    def _evict_stale(self) -> None:
+        """Evict groups with ``learner_version - version > max_staleness`` (never unstamped ones)."""
+        live = self._slots.live()
+        v = self._slots.version[live]
+        stale = live[(v >= 0) & (self.learner_version - v > self.max_staleness)]
+        if stale.size:
+            self._evict(stale, "stale")
 
     @property
     def min_policy_version(self) -> int:
         """Oldest policy version whose groups may still be trained on: actors must run at least this."""
         return max(0, self.learner_version - self.max_staleness)
 
-    def _evict_stale(self) -> None:
-        """Drop groups with ``learner_version - policy_version > max_staleness``; refund their credits."""
-        stale = [g for g in self._groups.values() if self.learner_version - g.policy_version > self.max_staleness]
-        for g in stale:
-            self._drop(g)
-        self.evicted_stale += len(stale)
-        self.credits_refunded += min(len(stale), self.credits_granted - self.credits_refunded)
+    @property
+    def full(self) -> bool:
+        """True when another group would not fit (credits stop)."""
+        return ((self.max_rows is not None and self.rows + self.group_size > self.max_rows)
+                or (self.max_bytes is not None and self.bytes >= self.max_bytes))
 
-    def _drop(self, group: _Group) -> None:
-        del self._groups[group.seq]
-        self._rows -= group.table.num_rows
-        self._bytes -= group.table.nbytes
+    @property
+    def groups_put(self) -> int:
+        """Groups accepted so far (the seq of the next one)."""
+        return self._next_seq
+
+    def oldest_held_seq(self) -> int:
+        """Smallest seq still in memory (``groups_put`` when none): older segments can be deleted."""
+        live = self._slots.live()
+        return int(self._slots.seq[live].min()) if live.size else self._next_seq
 
     # ---- GET ---------------------------------------------------------------------------------
 
@@ -163,7 +250,8 @@ class GroupStore:
         """Rank ``rank``'s shard of the selection for ``learner_version``, or None (caller replies WAIT).
 
         The first call for a version makes the selection; later calls (other ranks, or a retried
-        request) get shards of that same selection. Raises ValueError on a bad rank or world size.
+        request) get shards of that same selection. Raises ValueError on a bad rank or world size, or
+        for a version not newer than one already selected whose selection was dropped.
         """
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
@@ -172,6 +260,9 @@ class GroupStore:
             self._evict_stale()
         sel = self._selections.get(learner_version)
         if sel is None:
+            if learner_version <= self._last_selected:
+                raise ValueError(f"version {learner_version} is not newer than version {self._last_selected}, "
+                                 f"whose batch was already handed out: the learners have moved on")
             sel = self._select(learner_version, world_size)
             if sel is None:
                 return None
@@ -185,25 +276,65 @@ class GroupStore:
                 del self._selections[v]
         return sel.shards[rank]
 
+    def selection(self, learner_version: int) -> list[pa.Table] | None:
+        """All shards of the selection made for ``learner_version`` (None if none is kept)."""
+        sel = self._selections.get(learner_version)
+        return None if sel is None else list(sel.shards)
+
+    def restore_selection(self, version: int, shards: list[pa.Table]) -> None:
+        """Keep a selection rebuilt from the consumption log, so retried GETs for it get the same shards."""
+        self.learner_version = max(self.learner_version, version)
+        self._selections[version] = _Selection(version, len(shards), shards)
+        self._last_selected = max(self._last_selected, version)
+        self._evict_stale()
+
+    def _eligible(self, version: int) -> np.ndarray:
+        live = self._slots.live()
+        v = self._slots.version[live]
+        return live[(v < 0) | ((v <= version) & (version - v <= self.max_staleness))]
+
     def _select(self, version: int, world_size: int) -> _Selection | None:
-        """Take ``batch_size`` fresh groups, oldest first, cut to top-k and sharded; None if too few."""
-        fresh = [g for g in self._groups.values() if version - g.policy_version <= self.max_staleness]
-        if len(fresh) < self.batch_size:
+        """Take ``batch_size`` eligible groups in ``order``, cut them to top-k and shard; None if too few."""
+        s = self._slots
+        candidates = self._eligible(version)
+        if candidates.size < self.batch_size:
             return None
-        chosen = fresh[: self.batch_size]
-        for g in chosen:
-            self._drop(g)
-        kept = [topk_rows(g.table, self.topk, self.topk_by) for g in chosen]
-        shards = [pa.concat_tables(kept[r::world_size]) if kept[r::world_size] else COMPLETION_SCHEMA.empty_table()
-                  for r in range(world_size)]
+        stamps = np.where(s.version[candidates] < 0, version, s.version[candidates])
+        primary, secondary = order_keys(self.order, s.arrival[candidates], stamps, s.variance[candidates])
+        chosen = candidates[first_k(primary, secondary, self.batch_size)].tolist()
+        s.version[chosen] = np.where(s.version[chosen] < 0, version, s.version[chosen])  # restamp: first use
+        groups, stamps = [s.groups[i] for i in chosen], s.version[chosen].tolist()
+        for slot in chosen:
+            s.uses[slot] += 1
+            if s.uses[slot] >= self.replay_ratio:
+                self._remove(slot)
+            else:  # handed out again later: to the back of the queue
+                s.arrival[slot], self._next_arrival = self._next_arrival, self._next_arrival + 1
         self.selections += 1
-        self.last_staleness = [version - v for t in kept for v in t.column("policy_version").to_pylist()]
+        self._last_selected = version
+        self.last_staleness = [version - v for g, v in zip(groups, stamps) for _ in range(len(g.keep))]
+        self.filtered_since_batch = 0
+        shards = [cut(groups[r::world_size], stamps[r::world_size] if self.restamp else None)
+                  for r in range(world_size)]
         return _Selection(version, world_size, shards)
 
     def fresh_groups(self, learner_version: int | None = None) -> int:
         """Groups that a selection for ``learner_version`` (default: the current one) could take."""
-        v = self.learner_version if learner_version is None else learner_version
-        return sum(1 for g in self._groups.values() if v - g.policy_version <= self.max_staleness)
+        return int(self._eligible(self.learner_version if learner_version is None else learner_version).size)
+
+    def wait_reason(self, learner_version: int) -> str:
+        """Why no batch can be made for ``learner_version`` yet, in words (for WAIT replies and logs)."""
+        fresh = self.fresh_groups(learner_version)
+        text = f"{fresh} of {self.batch_size} fresh groups for version {learner_version}"
+        if self.filtered_since_batch:
+            return (f"{text}; {self.filtered_since_batch} groups since the last batch were dropped by "
+                    f"--filter_zero_variance (all their rewards were equal): if every group scores the same "
+                    f"no batch can form; turn the filter off or use a reward that tells completions apart")
+        live = self._slots.live()
+        ahead = int((self._slots.version[live] > learner_version).sum())
+        if ahead:
+            return f"{text}; {ahead} held groups come from policy versions newer than {learner_version}"
+        return f"{text}: waiting for actors"
 
     # ---- credits -----------------------------------------------------------------------------
 
@@ -211,10 +342,12 @@ class GroupStore:
         """Grant up to ``want`` groups of generation (AReaL's rule); returns how many (>= 0).
 
         At most ``(learner_version + max_staleness + 1) * batch_size`` groups may have been granted,
-        net of those refunded by stale eviction. Raises ValueError if ``want`` < 0.
+        net of those refunded by eviction; none while memory is full. Raises ValueError if ``want`` < 0.
         """
         if want < 0:
             raise ValueError(f"want must be >= 0, got {want}")
+        if self.full:
+            return 0
         in_play = self.credits_granted - self.credits_refunded
         allowed = (self.learner_version + self.max_staleness + 1) * self.batch_size - in_play
         granted = max(0, min(want, allowed))
@@ -223,19 +356,14 @@ class GroupStore:
 
     # ---- stats -------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int | float | list[int]]:
+    def stats(self) -> dict[str, int | float | bool | list[int]]:
         """Counters: rows/groups/bytes held now, totals since start, and the last selection's staleness."""
-        return {
-            "rows": self._rows,
-            "groups": len(self._groups),
-            "bytes": self._bytes,
-            "groups_put": self._next_seq,
-            "duplicates": self.duplicates,
-            "evicted_stale": self.evicted_stale,
-            "credits_granted": self.credits_granted,
-            "credits_refunded": self.credits_refunded,
-            "learner_version": self.learner_version,
-            "min_policy_version": self.min_policy_version,
-            "selections": self.selections,
-            "last_staleness": list(self.last_staleness),
+        stats = {
+            "rows": self.rows, "groups": int(self._slots.alive.sum()), "bytes": self.bytes,
+            "groups_put": self.groups_put, "duplicates": self.duplicates, "refused_full": self.refused_full,
+            "full": self.full, "credits_granted": self.credits_granted, "credits_refunded": self.credits_refunded,
+            "learner_version": self.learner_version, "min_policy_version": self.min_policy_version,
+            "selections": self.selections, "last_staleness": list(self.last_staleness),
         }
+        stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})
+        return stats

@@ -23,11 +23,19 @@ from typing import Any
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
-MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 1024 * 1024  # a full-weight broadcast manifest lists every tensor
 
 
 class WireError(ValueError):
     """A message that does not follow this module's format (the text says what is wrong)."""
+
+
+class VersionError(WireError):
+    """A header whose ``schema`` (protocol version) is not :data:`SCHEMA_VERSION`."""
+
+
+# The ``code`` field of an ERROR reply (docs/protocol.md): what went wrong, so a client can react.
+ERROR_CODES = ("malformed", "version", "unsupported", "invalid", "full", "exhausted", "internal")
 
 
 class MsgType(str, enum.Enum):
@@ -39,12 +47,15 @@ class MsgType(str, enum.Enum):
     STATS = "STATS"  # anyone -> buffer. Reply STATS {counters}
     LATEST = "LATEST"  # actor -> weight endpoint. Reply ANNOUNCE of the newest version
     ANNOUNCE = "ANNOUNCE"  # weight PUB topic and LATEST reply: {version, format, digest, location}
+    FETCH = "FETCH"  # actor -> weight endpoint: {version} -> MANIFEST; {version, file, offset, length} -> CHUNK
+    MANIFEST = "MANIFEST"  # {version, digest, files: [[name, size], ...]}
+    CHUNK = "CHUNK"  # {version, file, offset}; body = raw bytes of the payload file (not Arrow)
     STOP = "STOP"  # learner -> buffer: training is over; CREDIT replies say stop=true from now on. Reply ACK
     SHUTDOWN = "SHUTDOWN"  # owner -> server: stop serving. Reply ACK
     ACK = "ACK"
     BATCH = "BATCH"  # body = the learner's shard of the selection for learner_version
     WAIT = "WAIT"  # not enough fresh groups yet: ask again
-    ERROR = "ERROR"  # {error: text}
+    ERROR = "ERROR"  # {error: text, code: one of ERROR_CODES}
 
 
 @dataclass
@@ -73,7 +84,7 @@ class Header:
         if not isinstance(doc, dict):
             raise WireError("header must be a JSON object")
         if doc.get("schema") != SCHEMA_VERSION:
-            raise WireError(f"schema version {doc.get('schema')!r}, this side speaks {SCHEMA_VERSION}")
+            raise VersionError(f"schema version {doc.get('schema')!r}, this side speaks {SCHEMA_VERSION}")
         try:
             msg_type = MsgType(doc.pop("type", None))
         except ValueError:
@@ -156,6 +167,56 @@ def decode(frames: list[bytes]) -> tuple[Header, pa.Table | None]:
     return header, body
 
 
-def error(text: str, sender: str = "", seq: int = 0) -> list[bytes]:
-    """The frames of an ERROR reply."""
-    return encode(MsgType.ERROR, sender, seq, error=text)
+def encode_raw(msg_type: MsgType, sender: str = "", seq: int = 0, body: bytes | None = None, **fields: Any) -> list[bytes]:
+    """Build the frames of a message whose body is raw bytes (weight payload chunks), not Arrow."""
+    frames = [Header(msg_type, sender, seq, fields).encode()]
+    if body is not None:
+        frames.append(body)
+    return frames
+
+
+def decode_raw(frames: list[bytes]) -> tuple[Header, bytes | None]:
+    """Parse a message whose optional body is raw bytes. Raises WireError on a bad header or frame count."""
+    if not frames or len(frames) > 2:
+        raise WireError(f"expected 1 or 2 frames, got {len(frames)}")
+    return Header.decode(frames[0]), (frames[1] if len(frames) == 2 else None)
+
+
+_SCHEMA_MESSAGE = COMPLETION_SCHEMA.serialize().to_pybytes()  # how this pyarrow writes the schema message
+_END_OF_STREAM = (b"", b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
+
+
+def decode_group(frame: bytes) -> tuple[pa.RecordBatch, memoryview]:
+    """Parse a PUT body: an Arrow IPC stream of COMPLETION_SCHEMA holding exactly one record batch.
+
+    Returns the batch (zero-copy over ``frame``, fully validated) and the raw bytes of its IPC
+    message, which a stream of the same schema (a segment file) can append as they are. A stream
+    whose schema message is byte-identical to this side's skips schema parsing (the common case,
+    several times faster). Raises WireError if the stream is truncated, corrupt, of another schema,
+    or holds no or several record batches.
+    """
+    try:
+        source = pa.BufferReader(pa.py_buffer(frame))
+        if bytes(frame[:len(_SCHEMA_MESSAGE)]) == _SCHEMA_MESSAGE:  # bytes: faster than comparing memoryviews
+            source.seek(len(_SCHEMA_MESSAGE))
+        else:
+            schema = pa.ipc.read_schema(pa.ipc.read_message(source))
+            if not schema.equals(COMPLETION_SCHEMA):
+                raise WireError(f"body schema differs from the completion schema: {schema}")
+        start = source.tell()
+        message = pa.ipc.read_message(source)
+        end = source.tell()
+        if message.type != "record batch":
+            raise WireError(f"body holds a {message.type} message where one record batch belongs")
+        if bytes(frame[end:end + 9]) not in _END_OF_STREAM:
+            raise WireError("a group must be one record batch; the body holds several messages")
+        batch = pa.ipc.read_record_batch(message, COMPLETION_SCHEMA)
+        batch.validate(full=True)
+    except (pa.ArrowException, OSError, EOFError, TypeError) as exc:
+        raise WireError(f"body is not a valid Arrow IPC stream of one record batch: {exc}") from None
+    return batch, memoryview(frame)[start:end]
+
+
+def error(text: str, sender: str = "", seq: int = 0, code: str = "invalid") -> list[bytes]:
+    """The frames of an ERROR reply; ``code`` is one of :data:`ERROR_CODES`."""
+    return encode(MsgType.ERROR, sender, seq, error=text, code=code)

@@ -44,7 +44,7 @@ def client(server, **kw) -> BufferClient:
 def test_put_get_credit_stats_roundtrip(tmp_path):
     with serving(tmp_path) as server, client(server) as c:
         assert server.address.startswith("tcp://127.0.0.1:") and not server.address.endswith(":0")
-        assert c.credits(3) == {"granted": 3, "learner_version": 0, "min_policy_version": 0, "stop": 0}
+        assert c.credits(3) == {"granted": 3, "learner_version": 0, "min_policy_version": 0, "stop": 0, "full": 0}
         assert c.put(make_group("a", rewards=[0, 5, 1, 4])) == 0
         with pytest.raises(TimeoutError, match="no batch for version 0 after 0s: are actors running"):
             c.get(0, timeout_s=0.1)
@@ -133,6 +133,7 @@ def test_malformed_requests_get_errors_and_server_keeps_serving(tmp_path):
                 header = raw_request(raw, frames)
                 assert header.type is MsgType.ERROR, name
                 assert header.fields["error"], name
+                assert header.fields["code"] in ("malformed", "unsupported", "invalid"), name
                 assert good.put(make_group(f"after {name}")) >= 0
         finally:
             raw.close(linger=0)
@@ -210,9 +211,12 @@ def test_server_writes_metrics(tmp_path):
     acc = EventAccumulator(str(tb), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
     tags = acc.Tags()
-    for name in ("rows", "groups", "ingest_groups_per_s", "evicted_stale", "credits_granted", "duplicates",
-                 "learner_version"):
+    for name in ("rows", "bytes", "groups", "ingest_groups_per_s", "ingest_rows_per_s", "ingest_mb_per_s",
+                 "evicted_stale", "evicted_zero_variance", "credits_granted", "duplicates", "refused_full",
+                 "bad_requests", "learner_version", "get_latency_ms_p50", "get_latency_ms_p99", "staleness_mean"):
         assert f"buffer/{name}" in tags["scalars"], name
+    assert acc.Histograms("buffer/get_latency_ms")[0].histogram_value.num >= 1
+    assert sum(e.value for e in acc.Scalars("buffer/ingest_rows_per_s")) > 0
     histograms = acc.Histograms("buffer/staleness")
     assert [h.step for h in histograms] == [0, 1]
     assert histograms[1].histogram_value.num == 4 and histograms[1].histogram_value.max == 1

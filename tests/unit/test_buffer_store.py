@@ -1,14 +1,16 @@
-"""The buffer's pure core: validation, duplicates, staleness, top-k, sharding and credits."""
+"""The buffer's pure core: validation, duplicates, staleness, top-k, orders, bounds, replay and credits."""
 
 import subprocess
 import sys
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffer.store import GroupStore, topk_rows
+from buffer.selection import first_k, topk_rows
+from buffer.store import BufferFull, GroupStore
 from tests.helpers import make_group
 
 
@@ -21,7 +23,7 @@ def store(batch_size=2, max_staleness=1, topk=2, group_size=4, **kw) -> GroupSto
 def test_put_assigns_increasing_seq_numbers():
     s = store()
     assert [s.put(make_group(f"g{i}")) for i in range(3)] == [(0, False), (1, False), (2, False)]
-    assert s.stats()["groups"] == 3 and s.stats()["rows"] == 12
+    assert s.stats()["groups"] == 3 and s.stats()["rows"] == 12  # whole groups are held
 
 
 @pytest.mark.parametrize("table, match", [
@@ -30,7 +32,9 @@ def test_put_assigns_increasing_seq_numbers():
     (pa.concat_tables([make_group("a", 0, group_size=2),
                        make_group("a", 1, group_size=2, sample_ids=["x", "y"])]), "share group_id"),
     (make_group("g", sample_ids=["s", "s", "t", "u"]), "not unique"),
-    (make_group("g", rewards=[0, float("nan"), 1, 2]), "NaN reward"),
+    (make_group("g", rewards=[0, float("nan"), 1, 2]), "NaN or infinite reward"),
+    (make_group("g", advantages=[0, float("inf"), 1, 2]), "NaN or infinite advantage"),
+    (make_group("g", policy_version=-1), "negative policy_version"),
     (pa.table({"sample_id": ["a"]}), "COMPLETION_SCHEMA"),
 ])
 def test_put_refuses_invalid_groups(table, match):
@@ -42,9 +46,9 @@ def test_put_refuses_invalid_groups(table, match):
 
 def test_duplicates_are_dropped_and_acked_with_original_seq():
     s, persisted = store(), []
-    s.put(make_group("a"), persisted.append)
-    assert s.put(make_group("b"), persisted.append) == (1, False)
-    assert s.put(make_group("b"), persisted.append) == (1, True)
+    s.put(make_group("a"), lambda t, seq: persisted.append(seq))
+    assert s.put(make_group("b"), lambda t, seq: persisted.append(seq)) == (1, False)
+    assert s.put(make_group("b"), lambda t, seq: persisted.append(seq)) == (1, True)
     stats = s.stats()
     assert (stats["groups"], stats["groups_put"], stats["duplicates"], len(persisted)) == (2, 2, 1, 2)
     with pytest.raises(ValueError, match="reuses sample ids"):  # partial overlap is not a retry
@@ -52,7 +56,7 @@ def test_duplicates_are_dropped_and_acked_with_original_seq():
 
 
 def test_failed_persist_changes_nothing():
-    def fail(table):
+    def fail(table, seq):
         raise OSError("disk full")
 
     s = store()
@@ -66,7 +70,7 @@ def test_group_stale_on_arrival_is_accepted_then_evicted():
     s.put(make_group("new", policy_version=3))
     assert s.select(3, 0, 1) is not None and s.learner_version == 3
     persisted = []
-    assert s.put(make_group("old", policy_version=1), persisted.append) == (1, False)
+    assert s.put(make_group("old", policy_version=1), lambda t, seq: persisted.append(seq)) == (1, False)
     stats = s.stats()
     assert (stats["groups"], stats["evicted_stale"], len(persisted)) == (0, 1, 1)
 
@@ -152,34 +156,52 @@ def test_learner_version_only_moves_forward():
     s = store(batch_size=1, max_staleness=0)
     s.put(make_group("a", policy_version=2))
     assert s.select(2, 0, 1) is not None
-    assert s.select(1, 0, 1) is None and s.learner_version == 2
+    assert s.select(4, 0, 1) is None and s.learner_version == 4  # a WAIT moves the version too
+    with pytest.raises(ValueError, match="version 1 is not newer than version 2"):
+        s.select(1, 0, 1)  # older than a batch already handed out: the learners have moved on
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     max_staleness=st.integers(0, 3), batch_size=st.integers(1, 3), topk=st.integers(1, 2),
-    world_size=st.integers(1, 2),
-    ops=st.lists(st.tuples(st.sampled_from(["put", "get"]), st.integers(-4, 2)), max_size=60),
+    world_size=st.integers(1, 2), order=st.sampled_from(["fifo", "freshest", "variance"]),
+    replay_ratio=st.integers(1, 3), restamp=st.booleans(),
+    ops=st.lists(st.tuples(st.sampled_from(["put", "get", "credit"]), st.integers(-4, 2)), max_size=60),
 )
-def test_staleness_bound_is_never_violated(max_staleness, batch_size, topk, world_size, ops):
-    s = store(batch_size=batch_size, max_staleness=max_staleness, topk=topk, group_size=2)
-    served: dict[str, int] = {}  # sample id -> version it was handed out for
+def test_staleness_bound_and_credit_rule_are_never_violated(max_staleness, batch_size, topk, world_size, order,
+                                                             replay_ratio, restamp, ops):
+    s = store(batch_size=batch_size, max_staleness=max_staleness, topk=topk, group_size=2, order=order,
+              replay_ratio=replay_ratio, restamp=restamp)
+    served: dict[str, list[int]] = {}  # sample id -> versions it was handed out for
+    done: set[int] = set()  # versions whose batch was handed out
     for i, (op, delta) in enumerate(ops):
         if op == "put":
-            s.put(make_group(f"g{i}", policy_version=max(0, s.learner_version + delta), group_size=2))
-            continue
-        version = max(0, s.learner_version + delta)
-        shards = [s.select(version, rank, world_size) for rank in range(world_size)]
-        if shards[0] is None:
-            continue
-        batch = pa.concat_tables(shards)
-        assert batch.num_rows == batch_size * topk
-        for sample_id, pv in zip(batch.column("sample_id").to_pylist(), batch.column("policy_version").to_pylist()):
-            assert version - pv <= max_staleness
-            assert served.setdefault(sample_id, version) == version  # never handed out for two versions
+            s.put(make_group(f"g{i}", policy_version=max(0, s.learner_version + delta), group_size=2,
+                             rewards=[i % 3, delta]))
+        elif op == "credit":
+            s.grant_credits(abs(delta) * 2)
+            in_play = s.credits_granted - s.credits_refunded
+            assert in_play <= (s.learner_version + max_staleness + 1) * batch_size  # AReaL's rule
+        else:
+            version = max(0, s.learner_version + delta)
+            if version <= max(done, default=-1) and version not in s._selections:  # the learners moved on
+                with pytest.raises(ValueError, match="not newer"):
+                    s.select(version, 0, world_size)
+                continue
+            shards = [s.select(version, rank, world_size) for rank in range(world_size)]
+            if shards[0] is None:
+                continue
+            done.add(version)
+            batch = pa.concat_tables(shards)
+            assert batch.num_rows == batch_size * topk
+            for sid, pv in zip(batch.column("sample_id").to_pylist(), batch.column("policy_version").to_pylist()):
+                assert 0 <= version - pv <= max_staleness
+                if version not in served.setdefault(sid, []):
+                    served[sid].append(version)
+    assert all(len(v) <= replay_ratio for v in served.values())  # used at most replay_ratio times
     stats = s.stats()
-    consumed_groups = len({sid.split("/")[0] for sid in served})
-    assert stats["groups_put"] == stats["groups"] + stats["evicted_stale"] + consumed_groups
+    used_up = len({sid.split("/")[0] for sid, v in served.items() if len(v) == replay_ratio})
+    assert stats["groups_put"] == stats["groups"] + stats["evicted_stale"] + stats["evicted_zero_variance"] + used_up
 
 
 # ---- credits ------------------------------------------------------------------------------------
@@ -220,3 +242,141 @@ def test_buffer_imports_neither_torch_nor_other_roles():
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'rollout', 'learn')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+
+
+# ---- orders, top-k, filters, bounds, replay -----------------------------------------------------
+
+def hand_built(s: GroupStore) -> None:
+    """a..e in PUT order: (policy version, rewards, population variance of the rewards)."""
+    s.put(make_group("a", policy_version=0, rewards=[0, 0, 0, 0]))  # variance 0
+    s.put(make_group("b", policy_version=1, rewards=[0, 1, 0, 1]))  # 0.25
+    s.put(make_group("c", policy_version=1, rewards=[0, 4, 0, 4]))  # 4
+    s.put(make_group("d", policy_version=0, rewards=[1, 2, 3, 4]))  # 1.25
+    s.put(make_group("e", policy_version=1, rewards=[1, 0, 1, 0]))  # 0.25
+
+
+@pytest.mark.parametrize("order, expected", [
+    ("fifo", ["a", "b", "c"]),  # PUT order
+    ("freshest", ["e", "c", "b"]),  # version 1 first, newest PUT first
+    ("variance", ["c", "d", "b"]),  # 4, 1.25, then 0.25: b before e (earlier PUT)
+])
+def test_each_order_takes_exactly_the_expected_groups(order, expected):
+    s = store(batch_size=3, max_staleness=5, order=order)
+    hand_built(s)
+    batch = s.select(1, 0, 1)
+    assert list(dict.fromkeys(batch.column("group_id").to_pylist())) == expected
+    assert s.stats()["groups"] == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40), st.integers(1, 45))
+def test_first_k_equals_a_full_sort(primary, k):
+    secondary = list(range(len(primary)))[::-1]  # unique tie-breaks
+    got = first_k(np.array(primary), np.array(secondary), k).tolist()
+    assert got == sorted(range(len(primary)), key=lambda i: (primary[i], secondary[i]))[:k]
+
+
+def test_zero_variance_filter_drops_refunds_and_says_why():
+    s = store(batch_size=1, topk=4, filter_zero_variance=True)
+    assert s.grant_credits(2) == 2
+    persisted = []
+    assert s.put(make_group("flat", rewards=[1, 1, 1, 1]), lambda t, seq: persisted.append(seq)) == (0, False)
+    stats = s.stats()
+    assert (stats["groups"], stats["evicted_zero_variance"], stats["credits_refunded"], persisted) == (0, 1, 1, [0])
+    assert s.select(0, 0, 1) is None
+    assert "1 groups since the last batch were dropped by --filter_zero_variance" in s.wait_reason(0)
+    s.put(make_group("signal", rewards=[1, 0, 1, 1]))
+    assert s.select(0, 0, 1).column("group_id").to_pylist() == ["signal"] * 4
+    assert "filter" not in s.wait_reason(1)
+    unfiltered = store(batch_size=1, topk=4)
+    unfiltered.put(make_group("flat", rewards=[1, 1, 1, 1]))
+    assert unfiltered.select(0, 0, 1).num_rows == 4
+
+
+def test_memory_bound_refuses_puts_and_stops_credits_until_learners_consume():
+    s = store(batch_size=1, topk=2, max_rows=8)  # room for two groups of 4 rows
+    s.put(make_group("a"))
+    assert not s.full and s.grant_credits(1) == 1
+    s.put(make_group("b"))
+    assert s.full and s.grant_credits(5) == 0
+    persisted = []
+    with pytest.raises(BufferFull, match="max_rows=8"):
+        s.put(make_group("c"), lambda t, seq: persisted.append(seq))
+    stats = s.stats()
+    assert (persisted, stats["groups_put"], stats["refused_full"], stats["rows"]) == ([], 2, 1, 8)
+    s.select(0, 0, 1)
+    assert s.put(make_group("c")) == (2, False)
+    with pytest.raises(ValueError, match="cannot hold one batch"):
+        store(batch_size=4, topk=2, max_rows=15)
+    by_bytes = store(batch_size=1, max_bytes=1)
+    with pytest.raises(BufferFull, match="max_bytes=1"):
+        by_bytes.put(make_group("a"))
+
+
+def test_replay_ratio_hands_each_group_out_that_many_times_back_of_the_queue():
+    s = store(batch_size=1, topk=4, max_staleness=5, replay_ratio=2)
+    s.put(make_group("a"))
+    s.put(make_group("b"))
+    got = [s.select(v, 0, 1).column("group_id")[0].as_py() for v in range(4)]
+    assert got == ["a", "b", "a", "b"]
+    assert s.select(4, 0, 1) is None and s.stats()["groups"] == 0
+
+
+def test_restamp_counts_staleness_from_first_use():
+    s = store(batch_size=1, topk=4, max_staleness=1, replay_ratio=3, restamp=True)
+    s.put(make_group("old", policy_version=7))  # recorded version 7, from another run
+    first = s.select(0, 0, 1)
+    assert set(first.column("policy_version").to_pylist()) == {0} and s.last_staleness == [0] * 4
+    again = s.select(1, 0, 1)
+    assert set(again.column("policy_version").to_pylist()) == {0} and s.last_staleness == [1] * 4
+    assert s.select(2, 0, 1) is None  # staleness 2 > 1: evicted, though used only twice of three
+    assert s.stats()["evicted_stale"] == 1
+
+
+def test_future_groups_wait_for_their_version():
+    s = store(batch_size=1, topk=4, max_staleness=2)
+    s.put(make_group("ahead", policy_version=3))
+    assert s.select(1, 0, 1) is None
+    assert "1 held groups come from policy versions newer than 1" in s.wait_reason(1)
+    assert s.select(3, 0, 1).column("group_id")[0].as_py() == "ahead"
+
+
+def test_restore_skips_used_up_groups_but_remembers_their_sample_ids():
+    s = store(batch_size=1, topk=4, replay_ratio=1)
+    s.restore(make_group("used"), seq=0, uses=1)
+    s.restore(make_group("fresh"), seq=1, uses=0)
+    stats = s.stats()
+    assert (stats["groups"], stats["groups_put"], stats["credits_granted"]) == (1, 2, 2)
+    assert s.put(make_group("used")) == (0, True)  # a re-sent PUT after the restart
+    with pytest.raises(ValueError, match="repeats sample ids"):
+        s.restore(make_group("fresh"), seq=2)
+
+
+def test_put_groups_takes_several_groups_drops_duplicates_and_persists_only_new_rows():
+    s, persisted = store(batch_size=3, topk=2), []
+    s.put(make_group("b"))
+    batch = pa.concat_tables([make_group("a", rewards=[0, 5, 1, 4]), make_group("b"), make_group("c")])
+    results = s.put_groups(batch, lambda b, seq: persisted.append((b.column("group_id").to_pylist(), seq)))
+    assert results == [(1, False), (0, True), (2, False)]
+    assert persisted == [(["a"] * 4 + ["c"] * 4, 1)]  # one append of the two new groups, first seq 1
+    assert s.put_groups(batch) == [(1, True), (0, True), (2, True)]  # a re-sent PUT
+    assert s.stats()["duplicates"] == 4 and s.stats()["groups"] == 3
+    assert s.select(0, 0, 1).column("reward").to_pylist() == [2, 3, 5, 4, 2, 3]  # b, a, c: top-2 each
+    bad = pa.concat_tables([make_group("d"), make_group("e", rewards=[0, float("nan"), 1, 1])])
+    with pytest.raises(ValueError, match="NaN"):
+        s.put_groups(bad)
+    assert s.stats()["groups_put"] == 3  # nothing of a refused PUT is kept
+    with pytest.raises(ValueError, match="whole groups"):
+        s.put_groups(pa.concat_tables([make_group("f"), make_group("g", group_size=2)]))
+
+
+def test_top_k_of_groups_from_one_put_equals_top_k_of_each():
+    groups = [make_group(f"g{i}", rewards=[(3 * i + j) % 5 for j in range(4)]) for i in range(5)]
+    together, apart = store(batch_size=5, topk=2), store(batch_size=5, topk=2)
+    together.put_groups(pa.concat_tables(groups[:3]))  # runs of one message, then single ones
+    for g in groups[3:]:
+        together.put(g)
+    for g in groups:
+        apart.put(g)
+    expected = pa.concat_tables([topk_rows(g, 2) for g in groups])
+    assert together.select(0, 0, 1).equals(expected) and apart.select(0, 0, 1).equals(expected)

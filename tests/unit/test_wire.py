@@ -101,4 +101,26 @@ def test_wrong_frame_count_refused(n_frames):
 
 def test_error_reply():
     header, _ = wire.decode(wire.error("boom", "buffer", 4))
-    assert header.type is MsgType.ERROR and header.fields == {"error": "boom"} and header.seq == 4
+    assert header.type is MsgType.ERROR and header.fields == {"error": "boom", "code": "invalid"} and header.seq == 4
+    header, _ = wire.decode(wire.error("full", code="full"))
+    assert header.fields["code"] == "full" and "full" in wire.ERROR_CODES
+
+
+def test_another_schema_version_is_a_version_error():
+    with pytest.raises(wire.VersionError, match="schema version 2"):
+        Header.decode(json.dumps({"type": "PUT", "schema": 2}).encode())
+
+
+def test_decode_group_returns_the_batch_and_its_raw_message():
+    group = make_group("g", group_size=3)
+    frame = wire.encode_table(group)
+    batch, message = wire.decode_group(frame)
+    assert pa.Table.from_batches([batch]).equals(group)
+    stream = COMPLETION_SCHEMA.serialize().to_pybytes() + bytes(message) + b"\xff\xff\xff\xff\x00\x00\x00\x00"
+    assert pa.ipc.open_stream(stream).read_all().equals(group)  # the message appends to any stream as is
+    two = wire.encode_table(pa.concat_tables([make_group("a"), make_group("b")]))
+    for bad, match in [(two, "one record batch"), (frame[:-20], "record batch|not a valid Arrow"),
+                       (b"", "record batch|not a valid Arrow"), (frame[:200], "not a valid Arrow"),
+                       (wire.encode_table(COMPLETION_SCHEMA.empty_table()), "not a valid Arrow")]:
+        with pytest.raises(WireError, match=match):
+            wire.decode_group(bad)

@@ -1,0 +1,279 @@
+"""Buffer benchmark on loopback (issue 3): ingest against raw ZeroMQ and Ray, GET latency at 1M completions.
+
+    .venv/bin/python bench/buffer.py            # about a minute on 2 cores; --quick for a smoke run
+
+1. Ingest. The same pre-encoded PUT messages (JSON header + Arrow IPC body of one group) go from one
+   DEALER, ``--window`` requests in flight, to (a) a raw ZeroMQ ROUTER in another process that only
+   answers a tiny ACK, and (b) `distrl buffer` (``--fsync batch``: validated, de-duplicated, cut to top-k,
+   written to the segment log and fsynced before the ACK). Ratio = buffer MB/s / raw MB/s.
+2. Ray baseline: the same rows as Python objects (``Table.to_pylist()``, made before timing), sent to a
+   Ray actor through the object store, the same number in flight. Ratio = buffer MB/s / Ray MB/s, both
+   counted in Arrow bytes of the rows.
+3. GET latency. The buffer is filled to 1M completions (``--fill_rows``); then a learner client times
+   ``--gets`` GETs of a 256-group top-k batch (one new version each, fifo), round trip with the Arrow body
+   decoded, and reports p50/p99.
+
+It prints a table, then one JSON object on its last line, also written to bench/results/buffer.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import zmq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from buffer.client import BufferClient  # noqa: E402
+from distrl import wire  # noqa: E402
+from distrl.wire import COMPLETION_SCHEMA  # noqa: E402
+
+
+def make_groups(n_groups: int, group_size: int, completion_len: int, prompt_len: int, tag: str) -> list[pa.Table]:
+    """``n_groups`` valid groups with random rewards, built column-wise (fast) and sliced per group."""
+    rng = np.random.default_rng(0)
+    rows = n_groups * group_size
+    def lists(length, values):  # (rows, length) -> list<...> column
+        offsets = pa.array(np.arange(rows + 1, dtype=np.int32) * length)
+        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+    group_ids = np.repeat(np.arange(n_groups), group_size)
+    rewards = rng.integers(0, 2, rows).astype(np.float32)
+    cols = {
+        "sample_id": pa.array([f"{tag}{g}/{i}" for g in range(n_groups) for i in range(group_size)]),
+        "group_id": pa.array([f"{tag}{g}" for g in group_ids]), "prompt_id": pa.array([f"p{g}" for g in group_ids]),
+        "actor_id": pa.array(np.zeros(rows, np.int32)), "policy_version": pa.array(np.zeros(rows, np.int64)),
+        "last_policy_version": pa.array(np.zeros(rows, np.int64)),
+        "prompt_ids": lists(prompt_len, rng.integers(0, 150_000, rows * prompt_len, dtype=np.int32)),
+        "completion_ids": lists(completion_len, rng.integers(0, 150_000, rows * completion_len, dtype=np.int32)),
+        "behavior_logprobs": lists(completion_len, -rng.random(rows * completion_len, dtype=np.float32)),
+        "temperature": pa.array(np.ones(rows, np.float32)), "reward": pa.array(rewards),
+        "reward_components": pa.array([[("correct", float(r))] for r in rewards], pa.map_(pa.string(), pa.float32())),
+        "advantage": pa.array(rewards - rewards.mean(), pa.float32()), "finish_reason": pa.array(["stop"] * rows),
+        "prompt_text": pa.array(["What is 1+1?"] * rows), "completion_text": pa.array(["The answer is 2."] * rows),
+        "gen_start_time": pa.array(np.full(rows, time.time())), "gen_seconds": pa.array(np.full(rows, 0.5)),
+    }
+    table = pa.Table.from_pydict(cols, schema=COMPLETION_SCHEMA).combine_chunks()
+    return [table.slice(g * group_size, group_size) for g in range(n_groups)]
+
+
+def encode_puts(groups: list[pa.Table], per_put: int = 1) -> tuple[list[list[bytes]], int]:
+    """(the PUT messages, ``per_put`` whole groups each, and their total body bytes)."""
+    bodies = [pa.concat_tables(groups[i:i + per_put]).combine_chunks() for i in range(0, len(groups), per_put)]
+    frames = [wire.encode(wire.MsgType.PUT, "bench", i + 1, body=b) for i, b in enumerate(bodies)]
+    return frames, sum(len(f[1]) for f in frames)
+
+
+def raw_server(port: int) -> None:
+    """A ROUTER that answers every message with a tiny ACK (the baseline's server process)."""
+    sock = zmq.Context().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    ack = wire.encode(wire.MsgType.ACK, "raw", 0, seq_no=0, duplicate=False)
+    while True:
+        msg = sock.recv_multipart()
+        if msg[1] == b"quit":
+            sock.send_multipart([msg[0], b"bye"])
+            return
+        sock.send_multipart([msg[0], *ack])
+
+
+def pump(address: str, messages: list[list[bytes]], window: int) -> float:
+    """Send every message with ``window`` in flight, wait for every reply; returns seconds."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(address)
+    t0, sent, got = time.perf_counter(), 0, 0
+    while got < len(messages):
+        while sent < len(messages) and sent - got < window:
+            sock.send_multipart(messages[sent], copy=False)
+            sent += 1
+        reply = sock.recv_multipart()
+        if reply[0].startswith(b'{"type":"ERROR"'):
+            raise RuntimeError(f"server refused a PUT: {reply[0][:300]!r}")
+        got += 1
+    elapsed = time.perf_counter() - t0
+    sock.close()
+    ctx.term()
+    return elapsed
+
+
+def ray_ingest(groups: list[pa.Table], window: int) -> float:
+    """Seconds to send the groups' rows as Python objects to a Ray actor, ``window`` calls in flight."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=512 * 2**20)
+    try:
+        @ray.remote
+        class Sink:
+            def __init__(self):
+                self.rows = []
+
+            def put(self, rows):
+                self.rows.extend(rows)
+                return len(self.rows)
+
+        sink = Sink.remote()
+        ray.get(sink.put.remote([]))  # the actor is up before timing
+        payloads = [g.to_pylist() for g in groups]
+        t0, pending = time.perf_counter(), []
+        for rows in payloads:
+            pending.append(sink.put.remote(rows))
+            if len(pending) >= window:
+                ray.get(pending.pop(0))
+        ray.get(pending)
+        return time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if "--raw-server" not in args:
+        while "serving at" not in (line := proc.stdout.readline()):
+            assert line, "distrl buffer did not start"
+    else:
+        time.sleep(0.5)
+    return proc
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_latencies(address: str, gets: int) -> np.ndarray:
+    """Milliseconds per GET (one new version each), round trip with the body decoded."""
+    with BufferClient(address, "learner0", timeout_s=60.0) as c:
+        out = []
+        for v in range(gets):
+            t0 = time.perf_counter()
+            batch = c.get(v, timeout_s=30)
+            out.append((time.perf_counter() - t0) * 1e3)
+            assert batch.num_rows == 256 * 4
+        c.shutdown()
+    return np.array(out)
+
+
+def main() -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    p.add_argument("--window", type=int, default=256, help="PUTs in flight (one client, standing for many actors)")
+    p.add_argument("--groups_per_put", type=int, default=8, help="groups per PUT message (an actor's generate call)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved raw/buffer rounds (medians are reported)")
+    p.add_argument("--fill_rows", type=int, default=1_000_000, help="completions sent before timing GETs")
+    p.add_argument("--gets", type=int, default=200)
+    p.add_argument("--raw-server", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.raw_server:
+        raw_server(a.raw_server)
+        return {}
+    if a.quick:
+        a.fill_rows, a.gets, a.rounds = 60_000, 10, 1
+    big_n, n, k = (500 if a.quick else 1500), 16, 4
+    big = make_groups(big_n * a.rounds, n, completion_len=256, prompt_len=128, tag="big")
+    small = make_groups(max(256, a.fill_rows // n - big_n * a.rounds), n, completion_len=16, prompt_len=16, tag="small")
+    results = run_all(a, big, small, big_n, n, k)
+    report(results, n)
+    return results
+
+
+def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str) -> subprocess.Popen:
+    return start([sys.executable, "-m", "distrl.cli", "buffer", "--address", f"tcp://127.0.0.1:{port}", "--run_dir",
+                  run_dir, "--batch_size", "256", "--group_size", str(n), "--topk", str(k), "--max_staleness",
+                  "1000000", "--fsync", fsync, "--max_rows", "4000000", "--max_bytes", str(16 * 2**30)])
+
+
+def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k: int) -> dict:
+    """Every measurement of the module docstring; returns seconds, bytes and latencies."""
+    ports = [free_port() for _ in range(3)]
+    tmp = tempfile.mkdtemp(prefix="distrl-bench-")
+    procs = [start([sys.executable, __file__, "--raw-server", str(ports[0])]),
+             buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never")]
+    raw, buf, nosync = (f"tcp://127.0.0.1:{p}" for p in ports)
+    r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
+         "never": [], "raw_single": [], "buffer_single": []}
+    try:
+        for address in (raw, buf, nosync):  # warm up (first Arrow calls import lazily): not timed
+            pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
+        for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
+            groups = big[i * big_n:(i + 1) * big_n]
+            msgs, nbytes = encode_puts(groups[: big_n // 2], a.groups_per_put)
+            for key, address in (("raw", raw), ("buffer", buf), ("never", nosync)):
+                r[key].append(nbytes / pump(address, msgs, a.window))
+            single, single_bytes = encode_puts(groups[big_n // 2:], 1)
+            for key, address in (("raw_single", raw), ("buffer_single", buf)):
+                r[key].append(single_bytes / pump(address, single, a.window))
+            r["big_rows"], r["big_bytes"] = big_n // 2 * n, nbytes
+        small_msgs, r["small_bytes"] = encode_puts(small, a.groups_per_put)
+        r["raw_small"] = r["small_bytes"] / pump(raw, small_msgs, a.window)
+        r["buffer_small"] = r["small_bytes"] / pump(buf, small_msgs, a.window)
+        with BufferClient(buf, "bench") as c:
+            r["put_rows"], r["held_rows"] = c.stats()["groups_put"] * n, c.stats()["rows"]
+        lat = get_latencies(buf, min(a.gets, r["put_rows"] // n // 256))
+        r["get_p50_ms"], r["get_p99_ms"] = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    ray_msgs, ray_bytes = encode_puts(big[:min(400, big_n)], 1)
+    r["ray"] = ray_bytes / ray_ingest(big[:min(400, big_n)], a.window)
+    return r
+
+
+def report(r: dict, n: int) -> None:
+    """Print the table and the JSON line; write bench/results/buffer.json."""
+    med = {key: float(np.median(r[key])) for key in ("raw", "buffer", "never", "raw_single", "buffer_single")}
+    ratio = float(np.median(np.array(r["buffer"]) / np.array(r["raw"])))
+    ratio_single = float(np.median(np.array(r["buffer_single"]) / np.array(r["raw_single"])))
+    row_bytes = r["big_bytes"] / r["big_rows"]
+    per = r["per_put"]
+    lines = [(f"raw ZeroMQ, {per} groups a message", med["raw"], 1.0),
+             (f"buffer --fsync batch, {per} groups a PUT", med["buffer"], ratio),
+             (f"buffer --fsync never, {per} groups a PUT", med["never"], med["never"] / med["raw"]),
+             ("raw ZeroMQ, 1 group a message", med["raw_single"], 1.0),
+             ("buffer --fsync batch, 1 group a PUT", med["buffer_single"], ratio_single),
+             ("Ray actor, rows as Python objects", r["ray"], r["ray"] / med["raw_single"])]
+    print(f"\ningest on loopback: one client with {r['window']} PUTs in flight; groups of {n} completions of 256 "
+          f"tokens ({row_bytes / 1e3:.1f} kB a row); median of {r['rounds']} interleaved rounds")
+    print(f"{'path':40s} {'MB/s':>9s} {'rows/s':>10s} {'vs raw':>7s}")
+    for name, mbs, vs in lines:
+        print(f"{name:40s} {mbs / 1e6:9.1f} {mbs / row_bytes:10.0f} {vs:7.2f}")
+    print(f"{'raw ZeroMQ, 16-token groups':40s} {r['raw_small'] / 1e6:9.1f}")
+    print(f"{'buffer, 16-token groups (the 1M fill)':40s} {r['buffer_small'] / 1e6:9.1f} {'':10s} "
+          f"{r['buffer_small'] / r['raw_small']:7.2f}")
+    print(f"\nGET of 256 groups, top-{r['k']} ({256 * r['k']} rows), fifo, from a buffer sent {r['put_rows']:,} "
+          f"completions (holding {r['held_rows']:,}): p50 {r['get_p50_ms']:.2f} ms, p99 {r['get_p99_ms']:.2f} ms")
+    out = {"ingest_vs_raw_zmq": round(ratio, 3), "get_p50_ms": round(r["get_p50_ms"], 3),
+           "get_p99_ms": round(r["get_p99_ms"], 3), "ingest_mb_s": round(med["buffer"] / 1e6, 1),
+           "ray_baseline_ratio": round(med["buffer"] / r["ray"], 2), "ingest_rows_s": round(med["buffer"] / row_bytes),
+           "groups_per_put": per, "raw_zmq_mb_s": round(med["raw"] / 1e6, 1),
+           "ingest_vs_raw_zmq_one_group_per_put": round(ratio_single, 3),
+           "ingest_mb_s_one_group_per_put": round(med["buffer_single"] / 1e6, 1),
+           "ingest_mb_s_fsync_never": round(med["never"] / 1e6, 1),
+           "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
+           "completions_held_at_get": r["held_rows"], "window": r["window"]}
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench" / "results" / "buffer.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

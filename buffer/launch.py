@@ -1,0 +1,48 @@
+"""`distrl buffer`: the replay buffer alone, as a plain process (multi-host runs, `distrl learn|rollout`).
+
+It binds ``--address`` (loopback by default), writes ``<run_dir>/buffer.json`` (the bound address, its
+pid and the resolved config) and serves until a SHUTDOWN request, SIGTERM or SIGINT, then closes its
+logs cleanly. ``--resume <run_dir>`` restarts a stopped or killed buffer where it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from buffer.server import BufferServer
+from distrl.config import BufferConfig, buffer_options
+
+log = logging.getLogger("distrl.buffer")
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def run(cfg: BufferConfig) -> dict:
+    """Serve the buffer of ``cfg`` until asked to stop; returns its final counters."""
+    run_dir = Path(cfg.run_dir).resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True,
+                        handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "logs" / "buffer.log")])
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server = BufferServer(cfg.address, run_dir, cfg.batch_size, cfg.max_staleness, cfg.k, cfg.group_size,
+                          cfg.tb_dir or run_dir / "tb" / "buffer0", resume=cfg.resume is not None,
+                          curve_secret_key=cfg.curve_secret_key, curve_client_keys=cfg.curve_client_keys,
+                          **buffer_options(cfg))
+    try:
+        info = {"address": server.address, "pid": os.getpid(), "config": dataclasses.asdict(cfg)}
+        (run_dir / "buffer.json").write_text(json.dumps(info, indent=2))
+        print(f"distrl buffer: serving at {server.address} (run directory {run_dir})", flush=True)
+        server.serve(stop)
+        stats = server.stats()
+    finally:
+        server.close()
+    log.info("buffer stopped: %d groups put, %d held, %d duplicates dropped", stats["groups_put"],
+             stats["groups"], stats["duplicates"])
+    return stats

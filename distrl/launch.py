@@ -1,0 +1,87 @@
+"""Separate launchers: `distrl learn` and `distrl rollout` run one role each as a plain process.
+
+Roles are wired only by ZMQ addresses (with `distrl buffer`), so they can run on different hosts
+without Ray or a shared filesystem (`--weights_transport zmq`). Each role writes under its own
+`<log_dir>/<run_name>/`; with `--model tiny` each builds the same tiny model from the seed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from distrl.config import LearnConfig, RolloutConfig, TrainConfig
+from distrl.trainer import setup_logging
+
+log = logging.getLogger("distrl.launch")
+
+
+def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
+    """Create (if needed) the role's run directory and log file; return (run_dir, model_dir)."""
+    run_dir = cfg.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"config.{role}.json").write_text(cfg.to_json())
+    setup_logging(run_dir / "logs" / f"{role}.log")
+    model_dir = cfg.model
+    if cfg.model == "tiny":
+        from distrl.tiny import build_tiny_model
+
+        model_dir = str(build_tiny_model(run_dir / "model", seed=cfg.seed))
+    return run_dir, model_dir
+
+
+def run_learn(cfg: LearnConfig) -> dict:
+    """Run one learner rank to `max_steps` versions (rank/world from torchrun's env when present)."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world != cfg.number_of_learners:
+        raise ValueError(f"--number_of_learners {cfg.number_of_learners} but WORLD_SIZE is {world}: start "
+                         f"N learners with `torchrun --nproc_per_node N` and pass --number_of_learners N")
+    run_dir, model_dir = role_dir(cfg, f"learner{rank}")
+    if world > 1:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # env:// from torchrun
+    from distrl.weights import DirectoryTransport, WeightPublisher
+    from learn.learner import Learner
+
+    publisher = transport = None
+    if rank == 0:
+        publisher = WeightPublisher(cfg.weights_pub_bind, cfg.weights_endpoint_bind)
+        transport = DirectoryTransport(run_dir / "weights", keep=cfg.max_staleness + 4)
+        log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *publisher.addresses)
+    learner = Learner(cfg, rank, world, cfg.buffer_address, model_dir, publisher, transport,
+                      tb_dir=str(run_dir / "tb" / f"learner{rank}"))
+    try:
+        result = learner.run()
+    finally:
+        learner.close()
+        if publisher is not None:
+            publisher.close()
+    log.info("learner%d: done at version %d", rank, result["version"])
+    return result
+
+
+def run_rollout(cfg: RolloutConfig) -> dict:
+    """Run one rollout actor until the buffer says stop."""
+    run_dir, model_dir = role_dir(cfg, f"actor{cfg.actor_id}")
+    from rollout.actor import ActorEndpoints, RolloutActor
+    from rollout.engine import cpu_engine_env
+
+    try:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+    except ImportError:
+        on_gpu = False
+    if not on_gpu:
+        for key, value in cpu_engine_env(cfg.actor_id).items():
+            os.environ.setdefault(key, value)
+    endpoints = ActorEndpoints(cfg.buffer_address, cfg.weights_pub, cfg.weights_endpoint)
+    actor = RolloutActor(cfg, cfg.actor_id, endpoints, model_dir, work_dir=str(run_dir),
+                         tb_dir=str(run_dir / "tb" / f"actor{cfg.actor_id}"))
+    try:
+        return actor.run()
+    finally:
+        actor.close()

@@ -1,0 +1,139 @@
+"""ZMQ weight transport: actors download a version's payload from the learner's own weight endpoint.
+
+No shared filesystem is needed. The learner's :class:`~distrl.weights.base.WeightPublisher` answers,
+on the same ROUTER socket as ``LATEST``:
+
+- ``FETCH {version}`` -> ``MANIFEST {version, digest, files: [[name, size], ...]}``
+- ``FETCH {version, file, offset, length}`` -> ``CHUNK {version, file, offset}`` + raw bytes
+
+The actor side, :class:`ZmqFetcher`, keeps up to ``window`` chunk requests in flight (credit-based
+flow control, as in the ZeroMQ guide's file-transfer pattern), writes the files into its own cache
+directory, checks the directory digest against the announcement, and only then renames it into
+place. Versions the learner has pruned answer ERROR.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import zmq
+
+from distrl import wire
+from distrl.weights.base import Announcement, WeightError
+from distrl.weights.fs import directory_digest
+
+CHUNK_BYTES = 4 * 2**20
+WINDOW = 8
+
+
+def serve_fetch(header: wire.Header, payloads: dict[int, Announcement]) -> list[bytes]:
+    """Answer one FETCH request from the payload directories of retained versions.
+
+    Raises WireError for a request that names an unknown version, file or range.
+    """
+    version = header.fields.get("version")
+    ann = payloads.get(version) if isinstance(version, int) else None
+    if ann is None or not Path(ann.location).is_dir():
+        raise wire.WireError(f"version {version!r} is not retained by this learner (have {sorted(payloads)})")
+    root = Path(ann.location)
+    if "file" not in header.fields:
+        files = [[str(p.relative_to(root)), p.stat().st_size] for p in sorted(root.rglob("*")) if p.is_file()]
+        return wire.encode_raw(wire.MsgType.MANIFEST, "learner0", header.seq, version=version, digest=ann.digest,
+                               files=files)
+    name, offset, length = header.fields["file"], header.fields.get("offset"), header.fields.get("length")
+    path = (root / str(name)).resolve()
+    if root.resolve() not in path.parents or not path.is_file():
+        raise wire.WireError(f"no file {name!r} in version {version}")
+    if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and 0 < length <= CHUNK_BYTES * 4):
+        raise wire.WireError(f"bad range offset={offset!r} length={length!r}")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    return wire.encode_raw(wire.MsgType.CHUNK, "learner0", header.seq, body=data, version=version, file=name,
+                           offset=offset)
+
+
+class ZmqFetcher:
+    """Downloads announced payloads from `endpoint` (the publisher's LATEST address) into `cache_dir`."""
+
+    def __init__(self, endpoint: str, cache_dir: str | Path, timeout_s: float = 60.0, keep: int = 2,
+                 chunk_bytes: int = CHUNK_BYTES, window: int = WINDOW):
+        self.endpoint, self.cache_dir = endpoint, Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.timeout_ms, self.keep = int(timeout_s * 1000), keep
+        self.chunk_bytes, self.window = chunk_bytes, window
+        self.bytes_fetched = 0
+
+    def fetch(self, ann: Announcement) -> Path:
+        """Download, verify and return the local payload directory of `ann`. Raises WeightError."""
+        final = self.cache_dir / f"v{ann.version:06d}"
+        if final.is_dir() and directory_digest(final) == ann.digest:
+            return final
+        tmp = self.cache_dir / f".v{ann.version:06d}.part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        try:
+            sock.connect(self.endpoint)
+            manifest = self._request(sock, version=ann.version)
+            if manifest["digest"] != ann.digest:
+                raise WeightError(f"version {ann.version}: endpoint serves digest {manifest['digest'][:12]}, "
+                                  f"announced {ann.digest[:12]}")
+            self._download(sock, ann.version, manifest["files"], tmp)
+        finally:
+            sock.close()
+        digest = directory_digest(tmp)
+        if digest != ann.digest:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WeightError(f"digest mismatch for version {ann.version} fetched from {self.endpoint}")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        self._prune()
+        return final
+
+    def _request(self, sock: zmq.Socket, **fields) -> dict:
+        sock.send_multipart(wire.encode_raw(wire.MsgType.FETCH, "actor", 0, **fields))
+        header, _ = self._recv(sock)
+        return header.fields
+
+    def _recv(self, sock: zmq.Socket) -> tuple[wire.Header, bytes | None]:
+        if not sock.poll(self.timeout_ms):
+            raise WeightError(f"weight endpoint {self.endpoint} did not answer in {self.timeout_ms / 1000:.0f}s")
+        header, body = wire.decode_raw(sock.recv_multipart())
+        if header.type == wire.MsgType.ERROR:
+            raise WeightError(f"weight endpoint {self.endpoint}: {header.fields.get('error')}")
+        return header, body
+
+    def _download(self, sock: zmq.Socket, version: int, files: list, dest: Path) -> None:
+        """Fetch every file's chunks, keeping up to `window` requests in flight."""
+        requests = [(name, off, min(self.chunk_bytes, size - off)) for name, size in files
+                    for off in range(0, size, self.chunk_bytes)]
+        handles = {}
+        for name, size in files:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            handles[name] = open(dest / name, "wb")
+            handles[name].truncate(size)
+        try:
+            sent = received = 0
+            while received < len(requests):
+                while sent < len(requests) and sent - received < self.window:
+                    name, off, length = requests[sent]
+                    sock.send_multipart(wire.encode_raw(wire.MsgType.FETCH, "actor", sent, version=version,
+                                                        file=name, offset=off, length=length))
+                    sent += 1
+                header, body = self._recv(sock)
+                f = handles[header.fields["file"]]
+                f.seek(header.fields["offset"])
+                f.write(body or b"")
+                self.bytes_fetched += len(body or b"")
+                received += 1
+        finally:
+            for f in handles.values():
+                f.close()
+
+    def _prune(self) -> None:
+        versions = sorted(self.cache_dir.glob("v[0-9]*"))
+        for old in versions[: max(0, len(versions) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
