@@ -1,28 +1,51 @@
 """The learner loop: GET a batch for version V -> loss -> (all-reduce) -> step -> V+1 -> publish.
 
 One policy version is one optimizer step of the learner group. Each of the L learners GETs its shard
-of the buffer's one selection for version V, accumulates gradients over micro-batches of
-`learner_chunk_size` completions (token-mean over the whole version's batch, so the result equals
-the full-batch step and L learners equal one on the union batch), sums gradients across learners,
-and steps. Rank 0 then saves the LoRA adapter as version V+1 and announces it.
+of the buffer's one selection for version V and then, per version:
+
+1. all-reduces the batch totals (tokens, completions, reward sum, completions with a non-zero
+   advantage), which fix the loss normalizers of the whole version (``learn.losses.Normalizer``) and
+   the running-mean baseline, identically on every rank;
+2. accumulates gradients over micro-batches of ``--learner_chunk_size`` completions (each micro-batch's
+   loss is its share of the global loss, so the sum equals the full-batch step, for every aggregation);
+3. sums gradients across learners (``learn.distributed``), clips them to ``--max_grad_norm``, steps
+   AdamW and the learning-rate schedule (``learn.optim``);
+4. rank 0 saves the weights as version V+1 and announces them (format ``lora`` or ``full``).
+
+Zero-variance groups have all-zero advantages and contribute exactly zero to the policy term (no NaN:
+``distrl.advantages`` returns exact zeros). When the WHOLE version's batch (all ranks) has zero
+advantages and there is no KL term, the gradient would be exactly zero but AdamW would still move the
+weights along its momentum; the learner then skips the forward, backward and optimizer step, still
+advances the learning-rate schedule, increments the version (the weights are unchanged) and publishes
+it, and logs ``learner/skipped_step = 1``: actors and the buffer keep their version contract.
+
+Works under Ray (``distrl.trainer.LearnerRole`` creates the process group) and under torchrun
+(:func:`init_distributed_from_env`, re-exported here from ``learn.distributed``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 import torch
-import torch.distributed as dist
 
 from distrl.config import TrainConfig
 from distrl.metrics import Metrics
+from learn.baseline import RunningMeanBaseline
+from learn.checkpoint import load_checkpoint, save_checkpoint
+from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import token_logprobs
-from learn.losses import grpo_loss, pg_loss
-from learn.model import body_and_head, load_policy
+from learn.losses import LossConfig, Normalizer, policy_loss
+from learn.model import body_and_head, frozen_reference, load_policy, reference_context, save_for_publish
+from learn.offpolicy import OffPolicyConfig
+from learn.optim import build_optimizer
 
+__all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config"]
 log = logging.getLogger("distrl.learner")
 
 
@@ -40,9 +63,16 @@ class MicroBatch:
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
 
+    def to(self, device: torch.device) -> "MicroBatch":
+        """The same micro-batch on ``device`` (the model's)."""
+        return MicroBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
 
-def collate(rows: list[dict], pad_id: int) -> MicroBatch:
-    """Build a MicroBatch from completion rows (dicts of distrl.wire.COMPLETION_SCHEMA)."""
+
+def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = None) -> MicroBatch:
+    """Build a MicroBatch from completion rows (dicts of distrl.wire.COMPLETION_SCHEMA).
+
+    ``advantages`` (one per row) replaces the rows' own ``advantage`` (a learner-state baseline).
+    """
     seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
     width = max(len(s) for s in seqs) - 1
     b = len(rows)
@@ -58,69 +88,153 @@ def collate(rows: list[dict], pad_id: int) -> MicroBatch:
         targets[i, :n] = torch.tensor(seq[1:])
         mask[i, p - 1:p - 1 + c] = 1.0  # completion token j is predicted at position p - 1 + j
         behavior[i, p - 1:p - 1 + c] = torch.tensor(row["behavior_logprobs"])
-    advantages = torch.tensor([r["advantage"] for r in rows], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, targets, mask, behavior, advantages)
+    adv = [r["advantage"] for r in rows] if advantages is None else advantages
+    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32))
+
+
+def loss_config(cfg: TrainConfig) -> LossConfig:
+    """The objective of ``cfg`` (``dr_grpo`` is GRPO's clipped ratio with its own aggregation)."""
+    eps = cfg.clip_eps
+    off = OffPolicyConfig(cfg.off_policy, cfg.is_cap, cfg.is_level, cfg.is_mask_low, cfg.is_mask_high)
+    return LossConfig(kind="pg" if cfg.learner == "pg" else "grpo",
+                      clip_eps_low=eps if cfg.clip_eps_low is None else cfg.clip_eps_low,
+                      clip_eps_high=eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
+                      kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, off_policy=off)
 
 
 class Learner:
-    """One learner rank. `run()` trains `max_steps` versions and returns a summary dict."""
+    """One learner rank. `run()` trains `max_steps` versions and returns a summary dict.
+
+    ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
+    only computes the gradients (tests compare micro-batchings with it).
+    """
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, buffer_address: str, model_dir: str,
-                 publisher=None, transport=None, tb_dir: str | None = None):
+                 publisher=None, transport=None, tb_dir: str | None = None, broadcast_host: str | None = None):
         from buffer.client import BufferClient
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         torch.manual_seed(cfg.seed)
         self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len or 2048,
-                                 cfg.seed)
+                                 cfg.seed, finetune=cfg.finetune, backend=cfg.backend,
+                                 target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit)
         self.body, self.head = body_and_head(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.learning_rate, weight_decay=0.0)
+        self.device = self.params[0].device
+        broadcast_params(self.params, world_size)
+        self.optimizer, self.scheduler = build_optimizer(self.params, cfg.learning_rate, cfg.lr_warmup_steps,
+                                                         cfg.max_steps, cfg.lr_schedule)
+        self.loss_cfg = loss_config(cfg)
+        self.baseline = RunningMeanBaseline(cfg.baseline_decay) if cfg.pg_baseline == "running_mean" else None
+        self.reference = None  # (body, head) of a frozen copy: full fine-tuning with a KL term
+        if cfg.kl_coef > 0 and cfg.finetune == "full":
+            self.reference = frozen_reference(self.model)
         self.pad_id = self.model.config.pad_token_id or 0
-        self.client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0)
+        self.client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
+                                   curve_server_key=cfg.buffer_curve_server_key,
+                                   curve_client_key=cfg.buffer_curve_client_key)
         self.publisher, self.transport = publisher, transport
+        self.broadcaster = None  # rank 0 with --weights_transport nccl: full weights by collective broadcast
+        if publisher is not None and cfg.weights_transport == "nccl":
+            from distrl.weights.nccl import BroadcastSender
+
+            self.broadcaster = BroadcastSender(broadcast_host or cfg.host, cfg.weights_broadcast_port,
+                                               cfg.number_of_actors, self.device)
         self.metrics = Metrics(tb_dir)
         self.version = 0
 
-    def _forward_backward(self, mb: MicroBatch, num_tokens: float) -> dict:
-        hidden = self.body(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
-        # The head runs on completion positions only (prompt logits are never needed): (1, N, H).
+    # ---- one micro-batch ---------------------------------------------------------------------
+
+    def _logprobs(self, body, head, mb: MicroBatch, entropy: bool):
+        """Learner logprobs (b, T) fp32, zero off the completion [, entropy (n,)]; the head runs on
+        completion positions only (prompt logits are never needed)."""
+        hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
         sel = mb.mask > 0
-        lp, ent = token_logprobs(hidden[sel].unsqueeze(0), self.head, mb.targets[sel].unsqueeze(0),
-                                 self.cfg.temperature, return_entropy=True)
+        out = token_logprobs(hidden[sel].unsqueeze(0), head, mb.targets[sel].unsqueeze(0), self.cfg.temperature,
+                             return_entropy=entropy)
+        lp = out[0] if entropy else out
         logp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=hidden.device)
-        logp = logp.index_put((sel.nonzero(as_tuple=True)), lp[0])  # (b, T), zero off the completion
-        entropy = ent[0]
-        if self.cfg.learner == "grpo":
-            loss, m = grpo_loss(logp, mb.behavior_logprobs, mb.advantages, mb.mask, num_tokens, self.cfg.clip_eps)
-        else:
-            loss, m = pg_loss(logp, mb.advantages, mb.mask, num_tokens, behavior_logprobs=mb.behavior_logprobs)
+        logp = logp.index_put(sel.nonzero(as_tuple=True), lp[0])  # (b, T)
+        return (logp, out[1][0]) if entropy else logp
+
+    @torch.no_grad()
+    def _ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """Reference logprobs (b, T): LoRA adapter disabled, or the frozen copy."""
+        if self.reference is not None:
+            return self._logprobs(*self.reference, mb, entropy=False)
+        with reference_context(self.model):
+            return self._logprobs(self.body, self.head, mb, entropy=False)
+
+    def _forward_backward(self, mb: MicroBatch, norm: Normalizer) -> dict:
+        logp, entropy = self._logprobs(self.body, self.head, mb, entropy=True)
+        ref = self._ref_logprobs(mb) if self.loss_cfg.kl_coef > 0 else None
+        # One optimizer step per version: this forward runs at the proximal weights (learn.offpolicy).
+        loss, m = policy_loss(logp, mb.behavior_logprobs, mb.advantages, mb.mask, norm, self.loss_cfg,
+                              proximal_logprobs=logp.detach(), ref_logprobs=ref)
         loss.backward()
         m["loss"] = loss.item()
         m["entropy_sum"] = float(entropy.sum())
         return m
 
-    def train_step(self, table: pa.Table) -> dict:
-        """One optimizer step on this rank's shard; returns metrics of the version's batch."""
-        rows = table.to_pylist()
-        num_tokens = torch.tensor(float(sum(len(r["completion_ids"]) for r in rows)))
-        if self.world_size > 1:
-            dist.all_reduce(num_tokens)
-        parts = []
-        chunk = self.cfg.learner_chunk_size
+    # ---- one version -------------------------------------------------------------------------
+
+    def prepare(self, rows: list[dict]) -> tuple[Normalizer, list[float], dict]:
+        """All-reduced batch totals -> (normalizer, this rank's advantages, totals)."""
+        tokens = sum(len(r["completion_ids"]) for r in rows)
+        reward_sum = sum(r["reward"] for r in rows)
+        nonzero = sum(r["advantage"] != 0.0 for r in rows)
+        n_tok, n_seq, r_sum, n_nonzero = all_reduce_sum([tokens, len(rows), reward_sum, nonzero], self.world_size)
+        totals = {"tokens": n_tok, "sequences": n_seq, "reward_mean": r_sum / max(n_seq, 1.0)}
+        advantages = [r["advantage"] for r in rows]
+        if self.baseline is not None:
+            advantages = self.baseline.advantages([r["reward"] for r in rows], totals["reward_mean"])
+            n_nonzero = all_reduce_sum([sum(a != 0.0 for a in advantages)], self.world_size)[0]
+        totals["signal"] = n_nonzero > 0 or self.loss_cfg.kl_coef > 0
+        norm_tokens = float(self.cfg.loss_norm_tokens or self.cfg.max_new_tokens)
+        norm = Normalizer(self.cfg.aggregation, n_tok, n_seq, norm_tokens)
+        return norm, advantages, totals
+
+    def accumulate(self, rows: list[dict], advantages: list[float], norm: Normalizer) -> list[dict]:
+        """Forward/backward over micro-batches of ``learner_chunk_size``; gradients accumulate in .grad."""
+        parts, chunk = [], self.cfg.learner_chunk_size
         for start in range(0, len(rows), chunk):
-            parts.append(self._forward_backward(collate(rows[start:start + chunk], self.pad_id), num_tokens))
-        if self.world_size > 1:
-            for p in self.params:
-                dist.all_reduce(p.grad)  # SUM: each rank's loss is already its share of the token mean
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm=1.0)
-        self.optimizer.step()
+            mb = collate(rows[start:start + chunk], self.pad_id, advantages[start:start + chunk]).to(self.device)
+            parts.append(self._forward_backward(mb, norm))
+        return parts
+
+    def train_step(self, table: pa.Table) -> dict:
+        """One optimizer step of this rank on its shard; returns metrics of the version's batch."""
+        rows = table.to_pylist()
+        norm, advantages, totals = self.prepare(rows)
+        lr = self.optimizer.param_groups[0]["lr"]
+        parts, grad_norm = [], 0.0
+        if totals["signal"]:
+            parts = self.accumulate(rows, advantages, norm)
+            all_reduce_grads(self.params, self.world_size)
+            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm=max_norm))
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return _combine(parts, rows, self.version, float(grad_norm))
+        self.scheduler.step()
+        if self.baseline is not None:
+            self.baseline.update(totals["reward_mean"])
+        loss = all_reduce_sum([sum(p["loss"] for p in parts)], self.world_size)[0]
+        stats = _combine(parts, rows, self.version, grad_norm)
+        stats.update({"learner/loss": loss, "learner/reward_mean": totals["reward_mean"], "learner/lr": lr,
+                      "learner/skipped_step": 0.0 if totals["signal"] else 1.0,
+                      "learner/advantage_abs_mean": sum(abs(a) for a in advantages) / max(len(advantages), 1)})
+        if self.baseline is not None:
+            stats["learner/baseline"] = self.baseline.value
+        return stats
 
     def _publish(self) -> None:
         t0 = time.perf_counter()
-        ann = self.transport.publish(self.version, "lora", lambda d: self.model.save_pretrained(str(d)))
+        fmt = "lora" if self.cfg.finetune == "lora" else "full"
+        if self.broadcaster is not None:
+            ann = self.broadcaster.publish(self.version, list(self.model.named_parameters()))
+        else:
+            ann = self.transport.publish(self.version, fmt,
+                                         lambda d: save_for_publish(self.model, d, self.cfg.finetune))
         self.publisher.announce(ann)
         self.metrics.scalar("learner/weight_publish_s", time.perf_counter() - t0, self.version)
 
@@ -141,43 +255,58 @@ class Learner:
             self.metrics.histogram("learner/staleness", stats.pop("staleness_values"), step=self.version)
             self.metrics.scalars(stats, step=self.version)
             history.append(stats)
-            log.info("learner%d: version %d loss %.4f reward %.3f staleness max %d logprob |diff| mean %.2e",
+            log.info("learner%d: version %d loss %.4f reward %.3f staleness max %d logprob |diff| mean %.2e%s",
                      self.rank, self.version, stats["learner/loss"], stats["learner/reward_mean"],
-                     stats["learner/staleness_max"], stats["learner/logprob_mismatch_mean_abs"])
+                     stats["learner/staleness_max"], stats.get("learner/logprob_mismatch_mean_abs", 0.0),
+                     " (no signal: step skipped)" if stats["learner/skipped_step"] else "")
         if self.rank == 0:
             self.client.stop()
+            if self.broadcaster is not None and not self.broadcaster.flush(timeout_s=600):
+                log.warning("learner0: actors did not join the broadcast of the final version %d", self.version)
         self.metrics.close()
         return {"rank": self.rank, "version": self.version, "history": history}
+
+    def save_checkpoint(self, directory) -> Path:
+        """Checkpoint this rank at ``self.version`` (learn.checkpoint; collective with several ranks)."""
+        extra = {"baseline": self.baseline.state_dict() if self.baseline is not None else None}
+        return save_checkpoint(directory, self.model, self.optimizer, self.scheduler, self.version,
+                               self.cfg.to_json(), extra, self.rank, self.world_size)
+
+    def load_checkpoint(self, directory) -> dict:
+        """Restore weights, optimizer, LR schedule, RNG, baseline and version from ``directory``."""
+        state = load_checkpoint(directory, self.model, self.optimizer, self.scheduler, self.rank)
+        self.version = state["version"]
+        if self.baseline is not None and state["extra"].get("baseline"):
+            self.baseline.load_state_dict(state["extra"]["baseline"])
+        return state
 
     def close(self) -> None:
         self.client.close()
 
 
 def _combine(parts: list[dict], rows: list[dict], version: int, grad_norm: float) -> dict:
-    """Token-weighted means of micro-batch metrics, maxima of maxima, batch-level statistics."""
-    n = sum(p["masked_tokens"] for p in parts) or 1.0
-
-    def mean(key):
-        return sum(p[key] * p["masked_tokens"] for p in parts if key in p) / n
-
-    staleness = [version - r["policy_version"] for r in rows]
+    """Token-weighted means of micro-batch metrics (maxima of ``*_max``, minima of ``*_min``), and
+    batch-level statistics of this rank's shard. An empty ``parts`` (skipped step) gives no loss metrics."""
+    n = sum(p["masked_tokens"] for p in parts)
+    staleness = [version - r["policy_version"] for r in rows] or [0]
     stats = {
-        "learner/loss": sum(p["loss"] for p in parts),
-        "learner/reward_mean": sum(r["reward"] for r in rows) / len(rows),
-        "learner/advantage_abs_mean": sum(abs(r["advantage"]) for r in rows) / len(rows),
-        "learner/entropy": sum(p["entropy_sum"] for p in parts) / n,
         "learner/grad_norm": grad_norm,
-        "learner/logprob_mismatch_mean_abs": mean("logprob_mismatch_mean_abs"),
-        "learner/logprob_mismatch_max_abs": max(p.get("logprob_mismatch_max_abs", 0.0) for p in parts),
-        "learner/kl_behavior_learner_k3": mean("kl_behavior_learner_k3"),
         "learner/staleness_mean": sum(staleness) / len(staleness),
         "learner/staleness_max": max(staleness),
-        "learner/completion_tokens": n,
+        "learner/completion_tokens": float(sum(len(r["completion_ids"]) for r in rows)),
         "staleness_values": staleness,
         "tokens": sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows),
     }
-    if any("clip_fraction" in p for p in parts):
-        stats.update({"learner/clip_fraction": mean("clip_fraction"), "learner/ratio_mean": mean("ratio_mean"),
-                      "learner/ratio_max": max(p["ratio_max"] for p in parts),
-                      "learner/ratio_min": min(p["ratio_min"] for p in parts)})
+    if not parts or n == 0:
+        return stats
+    stats["learner/entropy"] = sum(p["entropy_sum"] for p in parts) / n
+    skip = {"masked_tokens", "loss", "entropy_sum"}
+    for key in sorted({k for p in parts for k in p} - skip):
+        values = [(p[key], p["masked_tokens"]) for p in parts if key in p]
+        if key.endswith("_max"):
+            stats[f"learner/{key}"] = max(v for v, _ in values)
+        elif key.endswith("_min"):
+            stats[f"learner/{key}"] = min(v for v, _ in values)
+        else:
+            stats[f"learner/{key}"] = sum(v * w for v, w in values) / n
     return stats

@@ -6,56 +6,150 @@ Shapes and units (the same for every function here):
   sampling temperature (see ``learn.logprobs.token_logprobs``); carries the graph.
 - ``behavior_logprobs``: (B, T) float32, the actor's (vLLM's ``processed_logprobs``) log-probabilities
   of the same tokens under the policy version that generated them. Never differentiated.
+- ``proximal_logprobs``: (B, T) float32, the learner's logprobs at consumption (``learn.offpolicy``);
+  default ``logprobs.detach()``. ``ref_logprobs``: (B, T) float32, the reference policy's logprobs
+  (the model with its LoRA adapter disabled, or a frozen copy), needed only with a KL term.
 - ``advantages``: (B,) float32, one per completion, already baselined (group mean subtracted,
-  optionally group-std normalized) when the group was complete; never recomputed here.
+  optionally group-std normalized) when the group was complete, or by a learner-state baseline.
 - ``mask``: (B, T) float32, 1.0 on completion tokens, 0.0 on prompt and padding.
-- ``num_tokens``: token count of the WHOLE policy version's batch (summed over micro-batches and
-  all-reduced across learners): token-mean aggregation. Each micro-batch's loss is its masked token sum
-  divided by this count, so the sum of micro-batch losses (and gradients) equals the full-batch loss,
-  and L learners equal one learner on the union batch provided their gradients are all-reduced with
-  a SUM (each learner's loss is already its share of the global mean); an all-reduce AVG must be
-  multiplied by L.
+
+Per-token objective (i sequence, t token, w the off-policy weight, detached):
+
+- ``pg``: REINFORCE with a baseline (Williams 1992): ``l_it = -w_it * A_i * logp_it``.
+- ``grpo``: the PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347) with GRPO's advantages
+  (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300):
+  ``l_it = -w_it * min(r_it A_i, clip(r_it, 1 - eps_low, 1 + eps_high) A_i)``,
+  ``r_it = exp(logp_it - old_it)``; ``old`` is mu (``off_policy=none``) or pi_prox (``tis``,
+  ``decoupled``). ``eps_low != eps_high`` is DAPO's asymmetric "clip-higher" (Yu et al. 2025,
+  arXiv:2503.14476).
+- ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783) is ``grpo``
+  with advantages that are not std-normalized (``distrl.advantages``, estimator ``dr_grpo``) and the
+  ``sequence-mean-token-sum-norm`` aggregation (no length normalization); it is a configuration of the
+  functions here, not another formula.
+- KL to the reference, added per token when ``kl_coef > 0`` (GRPO's beta * D_KL(pi || pi_ref)),
+  with Schulman's estimators ("Approximating KL divergence", 2020), ``d = ref - logp``:
+  k1 ``= -d``, k2 ``= d^2 / 2``, k3 ``= exp(d) - d - 1`` (GRPO's and TRL's choice). The KL term is not
+  importance-weighted or band-masked (as in TRL).
+
+Aggregation (:class:`Normalizer`; N_tok, N_seq and C are constants of the WHOLE policy version's batch,
+summed over micro-batches and all-reduced across learners, ``T_i = sum_t m_it``):
+
+- ``token-mean``:                   ``L = sum_{i,t} m_it l_it / N_tok``
+  (DAPO; TRL ``loss_type="dapo"`` and, on one process, ``"bnpo"``).
+- ``sequence-mean-token-mean``:     ``L = (1 / N_seq) sum_i (sum_t m_it l_it / T_i)``
+  (the GRPO paper; TRL ``"grpo"``). A sequence with T_i = 0 contributes 0 but counts in N_seq.
+- ``sequence-mean-token-sum-norm``: ``L = (1 / N_seq) sum_i (sum_t m_it l_it / C)``, C a constant
+  token count (Dr.GRPO: the generation budget, ``--max_new_tokens``; TRL ``"dr_grpo"`` with
+  ``max_completion_length = C``).
+
+Every mode is a sum over sequences with global constants, so the sum of micro-batch losses (and
+gradients) equals the full-batch loss, and L learners equal one learner on the union batch when their
+gradients are all-reduced with a SUM (each learner's loss is already its share of the global value; an
+all-reduce AVG would have to be multiplied by L).
 
 Padding positions may hold anything (even -inf): inputs are masked with ``torch.where`` before any
 arithmetic, so nothing from padding reaches the loss or the gradient. A batch with no completion
 tokens gives loss 0 that still has a graph (``backward()`` works and yields zero gradients).
 
-Metrics are python floats over masked tokens of THIS call only (means are local; the learner weights
-them by ``masked_tokens`` to combine micro-batches). Empty batch: means and counts 0.0, ratio stats 1.0.
+Metrics are python floats over masked tokens of THIS call only (the learner weights them by
+``masked_tokens`` to combine micro-batches): ``clip_fraction`` (+ ``_low``/``_high``) and ``ratio_*`` of
+r (GRPO), the ``is_*``/``band_masked_fraction`` of ``learn.offpolicy.correction``, ``kl_ref`` (the
+chosen estimator's mean) with a reference, and:
 
 - ``logprob_mismatch_mean_abs`` / ``logprob_mismatch_max_abs``: |logp - behavior_logp|, in nats.
-- ``kl_behavior_learner_k3``: Schulman's k3 estimator ("Approximating KL divergence", 2020) of
-  KL(behavior || learner). Tokens are sampled from the behavior policy mu, so with
-  r = pi/mu = exp(logp - behavior_logp) (the importance ratio), k3 = r - 1 - log r >= 0 is an unbiased,
-  low-variance estimate of KL(mu || pi). (Using exp(behavior - learner) instead would be biased: the
-  samples do not come from the learner.)
+- ``kl_behavior_learner_k3``: k3 of KL(behavior || learner). Tokens are sampled from the behavior
+  policy mu, so with r = pi/mu = exp(logp - behavior_logp), k3 = r - 1 - log r >= 0 is an unbiased,
+  low-variance estimate of KL(mu || pi).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
 import torch
 
+from learn.offpolicy import OffPolicyConfig, correction
+
 Metrics = dict[str, float]
+AGGREGATIONS = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+LOSSES = ("pg", "grpo")
 
 
-def _check(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-           behavior_logprobs: torch.Tensor | None) -> None:
+@dataclass(frozen=True)
+class Normalizer:
+    """The global constants of one policy version's batch (see the module docstring).
+
+    Attributes:
+        mode: one of AGGREGATIONS.
+        num_tokens: N_tok, completion tokens in the whole batch (all micro-batches, all learners).
+        num_sequences: N_seq, completions in the whole batch.
+        norm_tokens: C, the constant of ``sequence-mean-token-sum-norm`` (tokens; unused otherwise).
+    """
+
+    mode: Literal["token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm"]
+    num_tokens: float
+    num_sequences: float
+    norm_tokens: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.mode!r}")
+        if not self.norm_tokens > 0:
+            raise ValueError(f"norm_tokens must be > 0, got {self.norm_tokens}")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Which objective: ``kind`` pg|grpo, GRPO's clip, KL term, off-policy correction."""
+
+    kind: Literal["pg", "grpo"] = "grpo"
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.kind!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"KL estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
+
+
+def aggregate(per_token: torch.Tensor, keep: torch.Tensor, norm: Normalizer) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar by ``norm.mode``; padding never enters the sum."""
+    masked = torch.where(keep, per_token, torch.zeros_like(per_token))
+    n_seq = max(float(norm.num_sequences), 1.0)
+    if norm.mode == "token-mean":
+        return masked.sum() / max(float(norm.num_tokens), 1.0)
+    if norm.mode == "sequence-mean-token-mean":
+        lengths = keep.sum(dim=1).clamp(min=1).to(masked.dtype)  # (B,)
+        return (masked.sum(dim=1) / lengths).sum() / n_seq
+    return masked.sum() / (n_seq * float(norm.norm_tokens))
+
+
+def kl_estimate(logp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from logp (graph) and ref (constant), (B, T)."""
+    d = ref - logp
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    return torch.expm1(d) - d  # k3 = exp(d) - 1 - d >= 0
+
+
+def _check(logprobs, advantages, mask, *others) -> None:
     if logprobs.dim() != 2 or mask.shape != logprobs.shape:
         raise ValueError(f"logprobs and mask must be (B, T) of one shape, got "
                          f"{tuple(logprobs.shape)} and {tuple(mask.shape)}")
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be (B,)={tuple(logprobs.shape[:1])}, "
                          f"got {tuple(advantages.shape)}")
-    if behavior_logprobs is not None and behavior_logprobs.shape != logprobs.shape:
-        raise ValueError(f"behavior_logprobs must be {tuple(logprobs.shape)}, "
-                         f"got {tuple(behavior_logprobs.shape)}")
-
-
-def _token_mean(per_token: torch.Tensor, keep: torch.Tensor, num_tokens) -> torch.Tensor:
-    """sum(per_token over kept tokens) / max(num_tokens, 1); padding never enters the sum."""
-    total = torch.where(keep, per_token, torch.zeros_like(per_token)).sum()
-    denom = torch.as_tensor(num_tokens, dtype=total.dtype, device=total.device).clamp(min=1.0)
-    return total / denom
+    for name, t in others:
+        if t is not None and t.shape != logprobs.shape:
+            raise ValueError(f"{name} must be {tuple(logprobs.shape)}, got {tuple(t.shape)}")
 
 
 @torch.no_grad()
@@ -71,80 +165,84 @@ def _mismatch_metrics(logp: torch.Tensor, behavior: torch.Tensor, keep: torch.Te
             "kl_behavior_learner_k3": k3.mean().item()}
 
 
-def pg_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, num_tokens,
-            behavior_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
-    """REINFORCE with a baseline (Williams 1992), token-mean aggregated.
+@torch.no_grad()
+def _clip_metrics(ratio: torch.Tensor, adv: torch.Tensor, keep: torch.Tensor, cfg: LossConfig) -> Metrics:
+    """Tokens whose clipped term wins the min (their gradient is zero), and ratio statistics."""
+    r, a = ratio[keep], adv.expand_as(ratio)[keep]
+    low = (a < 0) & (r < 1.0 - cfg.clip_eps_low)
+    high = (a > 0) & (r > 1.0 + cfg.clip_eps_high)
+    n = r.numel()
+    if n == 0:
+        return {"clip_fraction": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0,
+                "ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0}
+    return {"clip_fraction": (low | high).float().mean().item(), "clip_fraction_low": low.float().mean().item(),
+            "clip_fraction_high": high.float().mean().item(), "ratio_mean": r.mean().item(),
+            "ratio_max": r.max().item(), "ratio_min": r.min().item()}
 
-    loss = -sum_{i,t} A_i * logp_it * mask_it / num_tokens
 
-    Args: see the module docstring for shapes and units. ``num_tokens``: int, float or 0-dim tensor.
-    ``behavior_logprobs`` is optional and used only for the mismatch / KL metrics.
+def policy_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advantages: torch.Tensor,
+                mask: torch.Tensor, norm: Normalizer, cfg: LossConfig = LossConfig(),
+                proximal_logprobs: Optional[torch.Tensor] = None,
+                ref_logprobs: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Metrics]:
+    """The configured objective (module docstring) for one micro-batch; returns ``(loss, metrics)``.
 
-    Departures from the paper: the baseline (group mean of rewards) is subtracted upstream when the
-    group is complete, not learned; the per-sequence sum of log-probabilities is replaced by a
-    token-mean over the whole version's batch. No importance correction: with stale behavior data this
-    is the plain (biased) on-policy estimator; use ``grpo_loss`` for a ratio against the behavior.
+    Args: shapes and units in the module docstring; ``norm`` the version-global normalizer, ``cfg``
+    the objective. Raises ValueError on mismatched shapes, or when ``cfg.kl_coef > 0`` and
+    ``ref_logprobs`` is None.
     """
-    _check(logprobs, advantages, mask, behavior_logprobs)
-    keep = mask > 0
-    logp = torch.where(keep, logprobs.float(), torch.zeros_like(logprobs, dtype=torch.float32))
-    adv = advantages.float().unsqueeze(1)  # (B, 1)
-    loss = _token_mean(-adv * logp, keep, num_tokens)
-    metrics: Metrics = {"masked_tokens": float(keep.sum().item())}
-    if behavior_logprobs is not None:
-        behavior = torch.where(keep, behavior_logprobs.float(), torch.zeros_like(logp))
-        metrics.update(_mismatch_metrics(logp.detach(), behavior, keep))
-    return loss, metrics
-
-
-def grpo_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, num_tokens, clip_eps: float = 0.2) -> tuple[torch.Tensor, Metrics]:
-    """GRPO (Shao et al. 2024, DeepSeekMath) = PPO clipped surrogate (Schulman et al. 2017).
-
-    ratio_it = exp(logp_it - behavior_logp_it)          (a real ratio: the learner's logp carries the
-                                                          graph, the behavior logp is a constant)
-    l_it     = -min(ratio_it * A_i, clip(ratio_it, 1 - clip_eps, 1 + clip_eps) * A_i)
-    loss     = sum_{i,t} l_it * mask_it / num_tokens
-
-    Args: see the module docstring for shapes and units. ``clip_eps``: PPO's epsilon (clip_coef),
-    dimensionless, default 0.2.
-
-    Departures from the papers:
-    - The "old" policy of PPO/GRPO is the behavior policy that generated the tokens (the actor's
-      vLLM logprobs, possibly several versions stale), not a snapshot of the learner; there is one
-      optimizer step per batch, so the learner-side old policy would give ratio 1 everywhere.
-    - Token-mean over the whole version's batch instead of GRPO's per-sequence mean then group mean.
-    - No KL-to-reference term here (GRPO's beta * D_KL(pi || pi_ref) is not implemented in this
-      function; a reference term is added by the caller if configured).
-
-    Metrics (over masked tokens): ``clip_fraction``, the fraction of tokens whose clipped term was the
-    one chosen by the min, i.e. ratio > 1 + eps with A > 0 or ratio < 1 - eps with A < 0 (the gradient
-    of those tokens is zero); ``ratio_mean``, ``ratio_max``, ``ratio_min``; the mismatch/KL metrics of
-    the module docstring; ``masked_tokens``.
-    """
-    _check(logprobs, advantages, mask, behavior_logprobs)
+    _check(logprobs, advantages, mask, ("behavior_logprobs", behavior_logprobs),
+           ("proximal_logprobs", proximal_logprobs), ("ref_logprobs", ref_logprobs))
+    if cfg.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("a KL term (kl_coef > 0) needs ref_logprobs")
     keep = mask > 0
     zeros = torch.zeros_like(logprobs, dtype=torch.float32)
     logp = torch.where(keep, logprobs.float(), zeros)
     behavior = torch.where(keep, behavior_logprobs.float().detach(), zeros)
+    prox = logp.detach() if proximal_logprobs is None else torch.where(keep, proximal_logprobs.float(), zeros)
     adv = advantages.float().unsqueeze(1)  # (B, 1)
 
-    ratio = torch.exp(logp - behavior)  # (B, T); exactly 1 on padding
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv
-    loss = _token_mean(-torch.min(unclipped, clipped), keep, num_tokens)
-
-    with torch.no_grad():
-        r = ratio[keep]
-        a = adv.expand_as(ratio)[keep]
-        active = ((a > 0) & (r > 1.0 + clip_eps)) | ((a < 0) & (r < 1.0 - clip_eps))
-        n = r.numel()
-        metrics: Metrics = {
-            "masked_tokens": float(n),
-            "clip_fraction": active.float().mean().item() if n else 0.0,
-            "ratio_mean": r.mean().item() if n else 1.0,
-            "ratio_max": r.max().item() if n else 1.0,
-            "ratio_min": r.min().item() if n else 1.0,
-        }
-        metrics.update(_mismatch_metrics(logp.detach(), behavior, keep))
+    corr = correction(prox.detach(), behavior, keep, cfg.off_policy)
+    metrics: Metrics = {"masked_tokens": float(keep.sum().item()), **corr.metrics}
+    if cfg.kind == "pg":
+        per_token = -corr.weights * adv * logp
+    else:
+        ratio = torch.exp(logp - corr.old_logprobs)  # (B, T); exactly 1 on padding
+        clipped = torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
+        per_token = -corr.weights * torch.min(ratio * adv, clipped * adv)
+        metrics.update(_clip_metrics(ratio.detach(), adv, keep, cfg))
+    if cfg.kl_coef > 0:
+        ref = torch.where(keep, ref_logprobs.float().detach(), zeros)
+        kl = kl_estimate(logp, ref, cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * kl
+        metrics["kl_ref"] = kl.detach()[keep].mean().item() if keep.any() else 0.0
+    loss = aggregate(per_token, keep, norm)
+    metrics.update(_mismatch_metrics(logp.detach(), behavior, keep))
     return loss, metrics
+
+
+def pg_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, num_tokens,
+            behavior_logprobs: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """REINFORCE with a baseline, token-mean, no correction: ``-sum A_i logp_it m_it / num_tokens``.
+
+    ``num_tokens``: int, float or 0-dim tensor (N_tok). ``behavior_logprobs`` is optional and used only
+    for the mismatch / KL metrics. Departures from Williams (1992): the baseline is subtracted upstream
+    and the per-sequence sum of logprobs is replaced by a token mean over the whole version's batch.
+    """
+    behavior = logprobs.detach() if behavior_logprobs is None else behavior_logprobs
+    loss, m = policy_loss(logprobs, behavior, advantages, mask, Normalizer("token-mean", float(num_tokens), 1.0),
+                          LossConfig(kind="pg"))
+    if behavior_logprobs is None:
+        m = {k: v for k, v in m.items() if not k.startswith(("logprob_mismatch", "kl_behavior", "is_", "band"))}
+    return loss, m
+
+
+def grpo_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, num_tokens, clip_eps: float = 0.2) -> tuple[torch.Tensor, Metrics]:
+    """GRPO's clipped ratio against the behavior policy, token-mean, symmetric clip, no KL.
+
+    ``l_it = -min(r_it A_i, clip(r_it, 1 - clip_eps, 1 + clip_eps) A_i)``, ``r = exp(logp - behavior)``;
+    ``loss = sum l_it m_it / num_tokens``. See :func:`policy_loss` for the general form.
+    """
+    cfg = LossConfig(kind="grpo", clip_eps_low=clip_eps, clip_eps_high=clip_eps)
+    return policy_loss(logprobs, behavior_logprobs, advantages, mask,
+                       Normalizer("token-mean", float(num_tokens), 1.0), cfg)

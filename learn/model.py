@@ -1,19 +1,34 @@
-"""Policy loading for the learner: Unsloth's FastLanguageModel + LoRA, transformers+peft otherwise.
+"""Policy loading for the learner: LoRA or full fine-tuning, through Unsloth or transformers + peft.
 
-Unsloth is used when it imports (on a machine without a GPU it runs its CPU fallback, which is
-transformers+peft underneath). The LoRA targets every linear projection of the attention and MLP
-blocks, so vLLM can serve the saved adapter as a `LoRARequest`.
+- ``backend="unsloth"``: Unsloth's ``FastLanguageModel`` (on a machine without a GPU its CPU fallback,
+  which is transformers + peft underneath). If Unsloth does not import, the hf path is used with a
+  warning.
+- ``backend="hf"``: ``AutoModelForCausalLM`` + peft's ``get_peft_model``.
+- ``finetune="lora"``: a fresh LoRA adapter (B = 0, so version 0 equals the base model) on
+  ``target_modules`` (default: every attention and MLP projection, so vLLM can serve the adapter as a
+  ``LoRARequest``). ``load_in_4bit`` loads the frozen base in 4 bits (QLoRA; Unsloth + bitsandbytes on
+  an NVIDIA GPU only).
+- ``finetune="full"``: every weight trains; the reference policy of a KL term is then a frozen copy
+  (:func:`frozen_reference`), while with LoRA it is the same model with the adapter disabled
+  (:func:`reference_context`).
+
+Published payloads (:func:`save_for_publish`): format ``lora`` is the PEFT adapter directory
+(``adapter_config.json`` + ``adapter_model.safetensors``); format ``full`` is ``save_pretrained`` of the
+whole model (``config.json`` + ``model*.safetensors``), which an engine loads as full weights.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 
 log = logging.getLogger("distrl.learner")
 
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -23,32 +38,98 @@ def resolve_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def load_policy(model: str, dtype: str, lora_rank: int, lora_alpha: int, max_seq_length: int, seed: int):
-    """Return a PEFT model with a fresh LoRA adapter (B = 0, so version 0 equals the base model)."""
+def load_policy(model: str, dtype: str, lora_rank: int = 16, lora_alpha: int = 32, max_seq_length: int = 2048,
+                seed: int = 0, *, finetune: str = "lora", backend: str = "unsloth",
+                target_modules: Optional[Sequence[str]] = None, load_in_4bit: bool = False):
+    """Load the policy to train.
+
+    Returns a PEFT model (``finetune="lora"``) or a plain causal LM whose parameters all require grad
+    (``"full"``). Raises ValueError on an unknown ``finetune``/``backend`` or on 4-bit without LoRA and
+    Unsloth, RuntimeError for ``load_in_4bit`` on a machine without CUDA or without Unsloth.
+    """
+    if finetune not in ("lora", "full") or backend not in ("unsloth", "hf"):
+        raise ValueError(f"finetune must be lora|full and backend unsloth|hf, got {finetune!r}, {backend!r}")
+    if load_in_4bit and (finetune != "lora" or backend != "unsloth"):
+        raise ValueError("--load_in_4bit (QLoRA) needs --finetune lora and --backend unsloth")
+    if load_in_4bit and not torch.cuda.is_available():
+        raise RuntimeError("--load_in_4bit needs an NVIDIA GPU (4-bit QLoRA runs bitsandbytes kernels through "
+                           "Unsloth); this machine has no CUDA device: drop --load_in_4bit to train LoRA in "
+                           "--dtype float32/bfloat16")
+    targets = list(target_modules or LORA_TARGETS)
     torch_dtype = resolve_dtype(dtype)
-    try:
-        from unsloth import FastLanguageModel
-    except ImportError as exc:  # Unsloth missing: the same model through transformers + peft
-        log.warning("unsloth unavailable (%s): loading with transformers + peft", exc)
-        return _load_peft(model, torch_dtype, lora_rank, lora_alpha, seed)
-    base, _ = FastLanguageModel.from_pretrained(model, max_seq_length=max_seq_length, dtype=torch_dtype,
-                                                load_in_4bit=False)
-    return FastLanguageModel.get_peft_model(base, r=lora_rank, lora_alpha=lora_alpha, target_modules=LORA_TARGETS,
-                                            lora_dropout=0.0, bias="none", use_gradient_checkpointing=False,
-                                            random_state=seed)
+    torch.manual_seed(seed)
+    if backend == "unsloth":
+        try:
+            from unsloth import FastLanguageModel
+        except ImportError as exc:
+            if load_in_4bit:
+                raise RuntimeError(f"--load_in_4bit needs Unsloth, which does not import: {exc}") from exc
+            log.warning("unsloth unavailable (%s): loading with transformers + peft", exc)
+        else:
+            return _load_unsloth(FastLanguageModel, model, torch_dtype, finetune, lora_rank, lora_alpha, targets,
+                                 load_in_4bit, max_seq_length, seed)
+    return _load_hf(model, torch_dtype, finetune, lora_rank, lora_alpha, targets)
 
 
-def _load_peft(model: str, torch_dtype: torch.dtype, lora_rank: int, lora_alpha: int, seed: int):
-    from peft import LoraConfig, get_peft_model
+def _load_unsloth(fast, model, torch_dtype, finetune, lora_rank, lora_alpha, targets, load_in_4bit,
+                  max_seq_length, seed):
+    base, _ = fast.from_pretrained(model, max_seq_length=max_seq_length, dtype=torch_dtype,
+                                   load_in_4bit=load_in_4bit, full_finetuning=finetune == "full")
+    if finetune == "full":
+        for p in base.parameters():
+            p.requires_grad_(True)
+        return base
+    return fast.get_peft_model(base, r=lora_rank, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0,
+                               bias="none", use_gradient_checkpointing=False, random_state=seed)
+
+
+def _load_hf(model, torch_dtype, finetune, lora_rank, lora_alpha, targets):
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-    return get_peft_model(base, LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=LORA_TARGETS,
+    if torch.cuda.is_available():  # the current device: cuda:LOCAL_RANK after init_distributed_from_env
+        base = base.to(torch.device("cuda", torch.cuda.current_device()))
+    if finetune == "full":
+        for p in base.parameters():
+            p.requires_grad_(True)
+        return base
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(base, LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=targets,
                                            lora_dropout=0.0, bias="none"))
 
 
+def is_peft(model) -> bool:
+    """True for a PEFT-wrapped model (LoRA)."""
+    return hasattr(model, "get_base_model") and hasattr(model, "disable_adapter")
+
+
 def body_and_head(model) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The transformer body (returns hidden states) and the LM head of a PEFT-wrapped causal LM."""
-    base = model.get_base_model()
+    """The transformer body (returns hidden states) and the LM head of a causal LM, PEFT-wrapped or not."""
+    base = model.get_base_model() if is_peft(model) else model
     return base.model, base.lm_head
+
+
+def reference_context(model):
+    """Context in which ``model``'s body and head compute the reference policy (LoRA: adapter disabled).
+
+    For a full fine-tuned model there is no such context: use :func:`frozen_reference` instead
+    (ValueError here).
+    """
+    if not is_peft(model):
+        raise ValueError("a fully fine-tuned model has no adapter to disable: keep a frozen_reference copy")
+    return model.disable_adapter()
+
+
+def frozen_reference(model) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A frozen deep copy of a fully fine-tuned model, as (body, head) for the KL reference."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return body_and_head(ref)
+
+
+def save_for_publish(model, directory: str | Path, finetune: str) -> str:
+    """Write the payload of one policy version into ``directory``; returns its format (lora|full)."""
+    model.save_pretrained(str(directory))
+    return "lora" if finetune == "lora" else "full"

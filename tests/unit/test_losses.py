@@ -1,11 +1,13 @@
-"""learn.losses against hand arithmetic, plus the micro-batch invariant (TRL's invariant-test style)."""
+"""learn.losses against hand arithmetic for every loss x aggregation mode, the KL estimators, and the
+micro-batch invariant (TRL's invariant-test style). TRL itself: tests/unit/test_losses_trl.py."""
 
 import math
 
 import pytest
 import torch
 
-from learn.losses import grpo_loss, pg_loss
+from learn.losses import KL_ESTIMATORS, LossConfig, Normalizer, grpo_loss, pg_loss, policy_loss
+from learn.offpolicy import OffPolicyConfig
 
 # B=2, T=3; the second completion has 2 tokens and one padding position.
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -165,3 +167,152 @@ def test_shape_errors():
         pg_loss(torch.zeros(2, 3), torch.zeros(3), MASK, 5)
     with pytest.raises(ValueError):
         grpo_loss(torch.zeros(2, 3), torch.zeros(2, 2), torch.zeros(2), MASK, 5)
+
+
+# ---- every loss x aggregation mode, by hand --------------------------------------------------
+# Normalizers of the batch above: N_tok = 5 tokens, N_seq = 2 completions (lengths T_0 = 3, T_1 = 2),
+# C = 4 tokens for sequence-mean-token-sum-norm.
+TOKEN, SEQ, NORM = "token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm"
+
+
+def _norm(mode):
+    return Normalizer(mode, num_tokens=5, num_sequences=2, norm_tokens=4)
+
+
+# pg: l_it = -A_i logp_it with logp = [[-1, -2, -.5], [-.2, -.4, pad]], A = [.5, -1]
+#   row 0: .5, 1, .25 (sum 1.75); row 1: -.2, -.4 (sum -.6); d l / d logp = -A_i: row 0 -.5, row 1 +1
+# grpo (clip .2): row 0 terms -1.2, -.5, -1.1 (sum -2.8), grads 0, -.5, -1.1;
+#                 row 1 terms 1.6, 3.0 (sum 4.6), grads 0, 3.0  (see test_grpo_loss_hand_arithmetic...)
+# token-mean: sum / 5;  seq-mean-token-mean: (sum_0 / 3 + sum_1 / 2) / 2;  sum-norm: (sum_0 + sum_1) / (2 * 4)
+HAND = {
+    ("pg", TOKEN): ((1.75 - 0.6) / 5, [[-0.5 / 5] * 3, [1 / 5, 1 / 5, 0]]),
+    ("pg", SEQ): ((1.75 / 3 - 0.6 / 2) / 2, [[-0.5 / 6] * 3, [1 / 4, 1 / 4, 0]]),
+    ("pg", NORM): ((1.75 - 0.6) / 8, [[-0.5 / 8] * 3, [1 / 8, 1 / 8, 0]]),
+    ("grpo", TOKEN): (1.8 / 5, [[0, -0.5 / 5, -1.1 / 5], [0, 3.0 / 5, 0]]),
+    ("grpo", SEQ): ((-2.8 / 3 + 4.6 / 2) / 2, [[0, -0.5 / 6, -1.1 / 6], [0, 3.0 / 4, 0]]),
+    ("grpo", NORM): (1.8 / 8, [[0, -0.5 / 8, -1.1 / 8], [0, 3.0 / 8, 0]]),
+}
+
+
+@pytest.mark.parametrize("kind,mode", sorted(HAND))
+def test_every_loss_and_aggregation_by_hand(kind, mode):
+    if kind == "pg":
+        logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -0.4, float("nan")]], requires_grad=True)
+        behavior, adv = logprobs.detach().clone(), torch.tensor([0.5, -1.0])
+    else:
+        logprobs, behavior, adv = _grpo_inputs()
+    loss, m = policy_loss(logprobs, behavior, adv, MASK, _norm(mode), LossConfig(kind=kind))
+    value, grad = HAND[(kind, mode)]
+    assert loss.item() == pytest.approx(value, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor(grad))
+    assert m["masked_tokens"] == 5.0
+
+
+def test_dr_grpo_is_grpo_with_sum_norm_and_unnormalized_advantages():
+    # Dr.GRPO = clipped ratio, advantages r - mean(r) (distrl.advantages "dr_grpo"), token sum / C.
+    from distrl.advantages import group_advantages
+
+    logprobs, behavior, _ = _grpo_inputs()
+    adv = torch.tensor(group_advantages([1.0, -1.0], "dr_grpo"))  # [1, -1]: no std division
+    loss, _ = policy_loss(logprobs, behavior, adv, MASK, _norm(NORM), LossConfig(kind="grpo"))
+    # row 0 (A=+1): -1.2 - .5 - 1.1 = -2.8; row 1 (A=-1): r=.5 -> min(-.5, -.8) = -.8 -> +.8;
+    #   r=1.5 -> min(-1.5, -1.2) = -1.5 -> +1.5; sum = -2.8 + 2.3 = -.5; / (2 * 4) = -.0625
+    assert loss.item() == pytest.approx(-0.0625, abs=1e-6)
+
+
+def test_asymmetric_clip_by_hand():
+    # eps_low .2, eps_high .6: band [.8, 1.6].
+    # row 0 (A=+1): r=1.5 now inside -> -1.5 (grad -1.5); r=.5 -> -.5; r=1.1 -> -1.1      sum -3.1
+    # row 1 (A=-2): r=.5 -> min(-1, -1.6) = -1.6 clipped low; r=1.5 -> min(-3, -3) = -3 -> sum 4.6
+    # token-mean: 1.5 / 5 = .3; clipped: 1 of 5 tokens, all on the low side
+    logprobs, behavior, adv = _grpo_inputs()
+    loss, m = policy_loss(logprobs, behavior, adv, MASK, _norm(TOKEN),
+                          LossConfig(kind="grpo", clip_eps_low=0.2, clip_eps_high=0.6))
+    assert loss.item() == pytest.approx(0.3, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-1.5, -0.5, -1.1], [0.0, 3.0, 0.0]]) / 5)
+    assert (m["clip_fraction"], m["clip_fraction_low"], m["clip_fraction_high"]) == pytest.approx((0.2, 0.2, 0.0))
+
+
+# KL by hand: logp = [-1, -2], ref = [-1.5, -1], d = ref - logp = [-.5, 1]
+#   k1 = -d = [.5, -1]                       d/dlogp = 1
+#   k2 = d^2 / 2 = [.125, .5]                d/dlogp = -d = [.5, -1]
+#   k3 = e^d - d - 1 = [.1065307, .7182818]  d/dlogp = 1 - e^d = [.3934693, -1.7182818]
+KL_HAND = {
+    "k1": ([0.5, -1.0], [1.0, 1.0]),
+    "k2": ([0.125, 0.5], [0.5, -1.0]),
+    "k3": ([math.exp(-0.5) - 0.5, math.e - 2], [1 - math.exp(-0.5), 1 - math.e]),
+}
+
+
+@pytest.mark.parametrize("estimator", sorted(KL_HAND))
+def test_kl_term_by_hand(estimator):
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0]])
+    cfg = LossConfig(kind="grpo", kl_coef=0.1, kl_estimator=estimator)
+    norm = Normalizer(TOKEN, num_tokens=2, num_sequences=1)
+    # advantages 0: the policy term vanishes, the loss is 0.1 * mean_t kl_t
+    loss, m = policy_loss(logprobs, logprobs.detach(), torch.zeros(1), torch.ones(1, 2), norm, cfg, ref_logprobs=ref)
+    values, grads = KL_HAND[estimator]
+    assert loss.item() == pytest.approx(0.1 * sum(values) / 2, abs=1e-6)
+    assert m["kl_ref"] == pytest.approx(sum(values) / 2, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, 0.1 * torch.tensor([grads]) / 2)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        policy_loss(logprobs, logprobs.detach(), torch.zeros(1), torch.ones(1, 2), norm, cfg)
+
+
+def test_kl_is_zero_when_policy_equals_reference():
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    for est in KL_ESTIMATORS:
+        loss, m = policy_loss(logprobs, logprobs.detach(), torch.zeros(1), torch.ones(1, 2),
+                              Normalizer(TOKEN, 2, 1), LossConfig(kl_coef=1.0, kl_estimator=est),
+                              ref_logprobs=logprobs.detach())
+        assert loss.item() == 0.0 and m["kl_ref"] == 0.0
+
+
+OFF = [OffPolicyConfig(), OffPolicyConfig("tis", cap=1.5), OffPolicyConfig("tis", cap=1.5, level="sequence"),
+       OffPolicyConfig("decoupled", cap=1.5, mask_low=0.5, mask_high=2.0)]
+
+
+@pytest.mark.parametrize("mode", [TOKEN, SEQ, NORM])
+@pytest.mark.parametrize("kind", ["pg", "grpo"])
+@pytest.mark.parametrize("off", range(len(OFF)))
+def test_micro_batches_equal_full_batch_every_aggregation(mode, kind, off):
+    # Invariant (TRL's tests/invariant style): micro-batches of 1, 2 and 3 completions, each normalized by
+    # the WHOLE batch's constants, sum to the full-batch loss and gradient, for every mode and correction.
+    g = torch.Generator().manual_seed(1)
+    behavior = -torch.rand(5, 6, generator=g) * 3
+    learner = behavior + 0.4 * torch.randn(5, 6, generator=g)
+    ref = behavior + 0.2 * torch.randn(5, 6, generator=g)
+    adv = torch.tensor([1.0, -0.5, 0.0, -0.5, 2.0])
+    mask = (torch.arange(6)[None, :] < torch.tensor([6, 2, 4, 5, 1])[:, None]).float()
+    norm = Normalizer(mode, num_tokens=float(mask.sum()), num_sequences=5.0, norm_tokens=6.0)
+    cfg = LossConfig(kind=kind, kl_coef=0.05, off_policy=OFF[off])
+
+    def run(slices):
+        lp = learner.clone().requires_grad_(True)
+        total = 0.0
+        for sl in slices:
+            part, _ = policy_loss(lp[sl], behavior[sl], adv[sl], mask[sl], norm, cfg, ref_logprobs=ref[sl])
+            part.backward()
+            total += part.item()
+        return total, lp.grad
+
+    full, full_grad = run([slice(0, 5)])
+    for slices in ([slice(i, i + 1) for i in range(5)], [slice(0, 2), slice(2, 5)]):
+        total, grad = run(slices)
+        assert total == pytest.approx(full, abs=1e-6)
+        torch.testing.assert_close(grad, full_grad)
+
+
+def test_normalizer_and_config_errors():
+    with pytest.raises(ValueError, match="aggregation"):
+        Normalizer("mean", 1, 1)
+    with pytest.raises(ValueError, match="norm_tokens"):
+        Normalizer(NORM, 1, 1, norm_tokens=0)
+    with pytest.raises(ValueError, match="KL estimator"):
+        LossConfig(kl_estimator="k4")
+    with pytest.raises(ValueError, match="loss"):
+        LossConfig(kind="ppo")
