@@ -33,16 +33,13 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
 
 def run_learn(cfg: LearnConfig) -> dict:
     """Run one learner rank to `max_steps` versions (rank/world from torchrun's env when present)."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    from learn.learner import init_distributed_from_env
+
+    rank, world, _ = init_distributed_from_env()
     if world != cfg.number_of_learners:
         raise ValueError(f"--number_of_learners {cfg.number_of_learners} but WORLD_SIZE is {world}: start "
                          f"N learners with `torchrun --nproc_per_node N` and pass --number_of_learners N")
     run_dir, model_dir = role_dir(cfg, f"learner{rank}")
-    if world > 1:
-        import torch
-        import torch.distributed as dist
-
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # env:// from torchrun
     from distrl.weights import DirectoryTransport, WeightPublisher
     from learn.learner import Learner
 
@@ -51,10 +48,13 @@ def run_learn(cfg: LearnConfig) -> dict:
         publisher = WeightPublisher(cfg.weights_pub_bind, cfg.weights_endpoint_bind)
         transport = DirectoryTransport(run_dir / "weights", keep=cfg.max_staleness + 4)
         log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *publisher.addresses)
+    host = cfg.weights_endpoint_bind.removeprefix("tcp://").rsplit(":", 1)[0]
     learner = Learner(cfg, rank, world, cfg.buffer_address, model_dir, publisher, transport,
-                      tb_dir=str(run_dir / "tb" / f"learner{rank}"))
+                      tb_dir=str(run_dir / "tb" / f"learner{rank}"), broadcast_host=host)
     try:
         result = learner.run()
+        if publisher is not None and not publisher.linger(cfg.number_of_actors):  # actors fetch the last version
+            log.warning("learner0: not every actor came for the final version within the time limit")
     finally:
         learner.close()
         if publisher is not None:

@@ -7,8 +7,14 @@ subscriber connected, so the publisher also answers ``LATEST`` requests on a ROU
 joiners, restarted actors). Actors own a :class:`WeightSubscriber`: between generate calls they take
 the newest announcement, never an older one than they serve, and verify its digest before loading.
 
-Formats: ``base`` (version 0: the initial weights, nothing to load) and ``lora`` (a PEFT adapter
-directory that vLLM loads as a new ``LoRARequest`` per version).
+Formats: ``base`` (version 0: the initial weights, nothing to load), ``lora`` (a PEFT adapter
+directory that vLLM loads as a new ``LoRARequest`` per version) and ``full`` (a `save_pretrained`
+model directory, loaded in place).
+
+The payload of each version is written once, into the learner's weight directory (:mod:`.fs`). How an
+actor gets it is its transport (``--weights_transport``): ``fs`` reads it from a shared filesystem,
+``zmq`` downloads it from the publisher's endpoint (:mod:`.zmq`), which answers ``FETCH`` as well as
+``LATEST``. Every transport checks the directory digest before the actor loads anything.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import zmq
 
 from distrl import wire
 
 TOPIC = b"weights"
+MAX_REQUEST_BYTES = 64 * 1024  # LATEST and FETCH requests are one small header
 
 
 class WeightError(RuntimeError):
@@ -36,12 +44,16 @@ class Announcement:
     format: str
     digest: str
     location: str
+    published_at: float = 0.0  # unix seconds when the payload was in place (for lag metrics)
+    nbytes: int = 0  # payload size in bytes
+    manifest: tuple = ()  # nccl transport: (name, dtype, shape, buffer, offset) of each broadcast tensor
 
     @classmethod
     def from_fields(cls, fields: dict) -> "Announcement":
         try:
             return cls(int(fields["version"]), str(fields["format"]), str(fields["digest"]),
-                       str(fields["location"]))
+                       str(fields["location"]), float(fields.get("published_at", 0.0)),
+                       int(fields.get("nbytes", 0)), tuple(tuple(e) for e in fields.get("manifest", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise wire.WireError(f"bad weight announcement {fields!r}: {exc}") from None
 
@@ -68,10 +80,14 @@ class WeightPublisher:
         self.pub_address = _bind(self._pub, pub_address)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
+        self._router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # requests are small: drop larger peers
         self.latest_address = _bind(self._router, latest_address)
         self._latest = BASE
+        self._payloads: dict[int, Announcement] = {}  # retained versions, served to FETCH
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._last_request = time.monotonic()
+        self._asked_latest: set[str] = set()  # senders of LATEST since the newest announcement
         self._thread = threading.Thread(target=self._serve_latest, name="weights-latest", daemon=True)
         self._thread.start()
 
@@ -85,6 +101,9 @@ class WeightPublisher:
             if ann.version <= self._latest.version and ann.version != 0:
                 raise ValueError(f"version {ann.version} is not newer than {self._latest.version}")
             self._latest = ann
+            self._payloads = {v: a for v, a in self._payloads.items() if Path(a.location).is_dir()}
+            self._payloads[ann.version] = ann
+            self._asked_latest = set()
         self._pub.send_multipart([TOPIC, *wire.encode(wire.MsgType.ANNOUNCE, "learner0", ann.version, **asdict(ann))])
 
     def _serve_latest(self) -> None:
@@ -94,15 +113,38 @@ class WeightPublisher:
             if not poller.poll(100):
                 continue
             ident, *frames = self._router.recv_multipart()
-            try:
-                header, _ = wire.decode(frames)
-                if header.type != wire.MsgType.LATEST:
-                    raise wire.WireError(f"weight endpoint answers LATEST only, got {header.type.value}")
-                with self._lock:
-                    reply = wire.encode(wire.MsgType.ANNOUNCE, "learner0", header.seq, **asdict(self._latest))
-            except wire.WireError as exc:
-                reply = wire.error(str(exc))
+            reply = self._answer(frames)
+            self._last_request = time.monotonic()
+
             self._router.send_multipart([ident, *reply])
+
+    def _answer(self, frames: list[bytes]) -> list[bytes]:
+        """Reply to one request on the weight endpoint: LATEST or FETCH; anything else is an ERROR."""
+        from distrl.weights.zmq import serve_fetch
+
+        try:
+            header, _ = wire.decode_raw(frames)
+            with self._lock:
+                latest, payloads = self._latest, dict(self._payloads)
+            if header.type == wire.MsgType.LATEST:
+                self._asked_latest.add(header.sender)
+                return wire.encode(wire.MsgType.ANNOUNCE, "learner0", header.seq, **asdict(latest))
+            if header.type == wire.MsgType.FETCH:
+                return serve_fetch(header, payloads)
+            raise wire.WireError(f"weight endpoint answers LATEST and FETCH, got {header.type.value}")
+        except (wire.WireError, OSError, ValueError, TypeError, KeyError) as exc:  # bad input never kills the thread
+            return wire.error(str(exc), code="malformed" if isinstance(exc, wire.WireError) else "invalid")
+
+    def linger(self, actors: int, idle_s: float = 3.0, max_s: float = 300.0) -> bool:
+        """Keep serving after the final version until `actors` distinct actors asked LATEST since it was
+        announced (an actor told to stop does, then fetches it) and no request came for `idle_s`
+        seconds, or `max_s` passed. Returns False on the time limit."""
+        deadline = time.monotonic() + max_s
+        while time.monotonic() < deadline:
+            if len(self._asked_latest) >= actors and time.monotonic() - self._last_request >= idle_s:
+                return True
+            time.sleep(0.1)
+        return False
 
     def close(self) -> None:
         self._stop.set()
@@ -123,10 +165,22 @@ class WeightSubscriber:
         self._latest_address = latest_address
         self._sender = sender
         self.newest = BASE
+        self.seen: dict[int, Announcement] = {0: BASE}  # the last few announcements, by version
 
     def _offer(self, ann: Announcement) -> None:
+        self.seen[ann.version] = ann
+        for old in sorted(self.seen)[:-16]:
+            del self.seen[old]
         if ann.version > self.newest.version:
             self.newest = ann
+
+    def announcement(self, version: int, timeout_s: float = 60.0) -> Announcement:
+        """The announcement of `version` (waiting for it if not seen yet). Raises TimeoutError."""
+        if version not in self.seen:
+            self.wait_for(version, timeout_s)
+        if version not in self.seen:
+            raise TimeoutError(f"no announcement of version {version} (newest {self.newest.version})")
+        return self.seen[version]
 
     def poll(self) -> Announcement:
         """Drain pending announcements without blocking; return the newest known."""

@@ -21,7 +21,7 @@ import zmq
 
 from distrl import wire
 from distrl.weights.base import Announcement, WeightError
-from distrl.weights.fs import directory_digest
+from distrl.weights.fs import directory_digest, prune_versions
 
 CHUNK_BYTES = 4 * 2**20
 WINDOW = 8
@@ -90,7 +90,7 @@ class ZmqFetcher:
             raise WeightError(f"digest mismatch for version {ann.version} fetched from {self.endpoint}")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        self._prune()
+        prune_versions(self.cache_dir, ann.version, self.keep)
         return final
 
     def _request(self, sock: zmq.Socket, **fields) -> dict:
@@ -133,7 +133,3 @@ class ZmqFetcher:
             for f in handles.values():
                 f.close()
 
-    def _prune(self) -> None:
-        versions = sorted(self.cache_dir.glob("v[0-9]*"))
-        for old in versions[: max(0, len(versions) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)

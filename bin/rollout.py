@@ -1,0 +1,12 @@
+#!/usr/bin/env python
+"""`distrl rollout` as a script: `python bin/rollout.py --help` lists every flag."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from distrl.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["rollout", *sys.argv[1:]]))

@@ -1,0 +1,178 @@
+"""Collective weight transport: learner rank 0 broadcasts full weights to the actors' devices.
+
+For full fine-tuning on GPUs, where a 1 GB (0.5B bf16) payload through a filesystem costs seconds:
+the learner and the A actors form their own process group of 1 + A ranks (NCCL on GPUs, gloo on CPU:
+the same code path runs in CPU tests), rendezvous through a TCPStore that the learner hosts. It is
+not the learners' gradient group, so it needs no `init_process_group` and works beside it.
+
+    learner: publish(version, named tensors) -> snapshot into one flat buffer per dtype (on device),
+             checksum, announce (format "full", transport "nccl", manifest); a sender thread then runs
+             one *round*: broadcast [version], then each flat buffer.
+    actor:   when it sees an announcement newer than the version it serves, it joins the next round
+             (between generate calls), receives the version number and the buffers, checks the
+             checksum, and loads the tensors into its engine.
+
+A round is a collective: it starts when every actor has joined (an actor busy generating delays the
+others' update, as in any collective broadcast), and the learner's training loop never waits (the
+sender is a thread and always sends the newest snapshot): an actor may receive another version than
+the announcement it reacted to, always newer than the one it serves. The checksum (``sum64``: the sum of
+the payload's 16-bit words, computed on the device) detects corrupted or mismatched buffers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from distrl.weights.base import Announcement, WeightError
+
+TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _group(host: str, port: int, rank: int, world_size: int, device: torch.device):
+    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=TIMEOUT, wait_for_workers=False)
+    if device.type == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
+
+
+def checksum(buffers: list[torch.Tensor]) -> str:
+    """``sum64:<n>``: the sum of every buffer's bytes read as int16 words, accumulated in int64 on device."""
+    total = sum(int(b.view(torch.int16).to(torch.int64).sum()) if b.element_size() % 2 == 0
+                else int(b.view(torch.uint8).to(torch.int64).sum()) for b in buffers)
+    return f"sum64:{total}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each named tensor lives in the flat buffers: (name, dtype, shape, buffer index, offset)."""
+
+    entries: tuple
+
+    @classmethod
+    def of(cls, named: list[tuple[str, torch.Tensor]]) -> "Layout":
+        offsets: dict[str, int] = {}
+        dtypes: list[str] = []
+        entries = []
+        for name, t in named:
+            dt = str(t.dtype).removeprefix("torch.")
+            if dt not in dtypes:
+                dtypes.append(dt)
+            entries.append((name, dt, tuple(t.shape), dtypes.index(dt), offsets.get(dt, 0)))
+            offsets[dt] = offsets.get(dt, 0) + t.numel()
+        return cls(tuple(entries))
+
+    def sizes(self) -> list[tuple[str, int]]:
+        """(dtype, numel) of each flat buffer, in index order."""
+        out: dict[int, tuple[str, int]] = {}
+        for _, dt, shape, idx, off in self.entries:
+            n = off + int(torch.Size(shape).numel())
+            out[idx] = (dt, max(n, out.get(idx, (dt, 0))[1]))
+        return [out[i] for i in sorted(out)]
+
+    def views(self, buffers: list[torch.Tensor]):
+        """Yield (name, tensor view into `buffers`)."""
+        for name, _, shape, idx, off in self.entries:
+            n = int(torch.Size(shape).numel())
+            yield name, buffers[idx][off:off + n].view(shape)
+
+
+class BroadcastSender:
+    """Learner rank 0: snapshots weights per version and broadcasts the newest to every actor."""
+
+    def __init__(self, host: str, port: int, actors: int, device: torch.device | str = "cpu"):
+        self.device, self.address = torch.device(device), f"{host}:{port}"
+        self._rendezvous = (host, port, 1 + actors)  # the group is made by the sender thread: the
+        self._group = None  # learner never blocks waiting for actors to join
+        self._cv = threading.Condition()
+        self._pending: tuple[int, list[torch.Tensor]] | None = None
+        self._closed = False
+        self.rounds = 0
+        self.published = self.sent = 0  # newest version snapshotted / broadcast
+        self._thread = threading.Thread(target=self._send_loop, name="weights-broadcast", daemon=True)
+        self._thread.start()
+
+    def publish(self, version: int, named: list[tuple[str, torch.Tensor]]) -> Announcement:
+        """Snapshot `named` tensors as `version` (format ``full``); return its announcement."""
+        layout = Layout.of(named)
+        with torch.no_grad():
+            buffers = [torch.cat([t.detach().reshape(-1) for _, t in named
+                                  if str(t.dtype).removeprefix("torch.") == dt]).to(self.device)
+                       for dt, _ in layout.sizes()]
+        ann = Announcement(version, "full", checksum(buffers), f"nccl://{self.address}", time.time(),
+                           sum(b.numel() * b.element_size() for b in buffers), layout.entries)
+        with self._cv:
+            self._pending = (version, buffers)
+            self.published = version
+            self._cv.notify_all()
+        return ann
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the newest snapshot has been broadcast (the actors joined its round); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self.sent < self.published and not self._closed:
+                if not self._cv.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    return self.sent >= self.published
+        return True
+
+    def _send_loop(self) -> None:
+        host, port, world_size = self._rendezvous
+        self._group = _group(host, port, 0, world_size, self.device)
+        while True:
+            with self._cv:
+                while self._pending is None and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                version, buffers = self._pending
+                self._pending = None
+            header = torch.tensor([version], dtype=torch.int64, device=self.device)
+            self._group.broadcast(header, 0).wait()  # starts when every actor has joined the round
+            for b in buffers:
+                self._group.broadcast(b, 0).wait()
+            with self._cv:
+                self.rounds += 1
+                self.sent = version
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+
+class BroadcastReceiver:
+    """Actor side: `receive(ann)` joins one round and returns (version, named tensors on `device`)."""
+
+    def __init__(self, address: str, rank: int, actors: int, device: torch.device | str = "cpu"):
+        host, port = address.removeprefix("nccl://").rsplit(":", 1)
+        self.device = torch.device(device)
+        self._group = _group(host, int(port), rank, 1 + actors, self.device)
+        self.bytes_fetched = 0
+
+    def receive(self, ann: Announcement, announcement_of) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        """Join one round; return its version and the named tensors on `device`.
+
+        `ann` is the announcement that made the actor join (its manifest gives the layout); the round
+        carries the newest snapshot the learner had when every actor had joined, which may be older or
+        newer than `ann`. `announcement_of(version)` returns that version's announcement, whose
+        checksum the received buffers must match. Raises WeightError on a mismatch.
+        """
+        layout = Layout(tuple(tuple(e) for e in ann.manifest))
+        header = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._group.broadcast(header, 0).wait()
+        buffers = [torch.empty(n, dtype=getattr(torch, dt), device=self.device) for dt, n in layout.sizes()]
+        for b in buffers:
+            self._group.broadcast(b, 0).wait()
+        version = int(header.item())
+        self.bytes_fetched += sum(b.numel() * b.element_size() for b in buffers)
+        expected = ann if version == ann.version else announcement_of(version)
+        if checksum(buffers) != expected.digest:
+            raise WeightError(f"checksum mismatch for broadcast version {version}")
+        return version, list(layout.views(buffers))

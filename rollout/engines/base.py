@@ -1,0 +1,144 @@
+"""The engine interface: sample groups of completions with behavior logprobs, load weights by version.
+
+An engine serves one policy version at a time. ``generate`` samples ``n`` completions per prompt and
+returns, per completion, its token ids and the per-token *behavior* logprobs: natural-log
+probabilities of the sampled tokens under ``softmax(logits / temperature)`` (vLLM's
+``processed_logprobs``), the numbers the learner reproduces by dividing its fp32 logits by the same
+temperature. ``load_weights`` switches to a newer version between generate calls, so every completion
+of one call comes from one version.
+
+Backends, one file each: :mod:`.vllm` (vLLM's offline ``LLM``) and :mod:`.hf` (transformers, for
+machines without vLLM). :func:`make_engine` picks one from ``--engine``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+ENGINES = ("vllm", "hf")
+FORMATS = ("lora", "full")
+
+
+@dataclass
+class Completion:
+    """One sampled completion: ``token_ids`` (T,), ``logprobs`` (T,) in nats, after temperature.
+
+    ``token_ids`` include the stop token when ``finish_reason`` is ``"stop"``; ``"length"`` means the
+    completion hit ``max_new_tokens`` (or the engine's ``max_model_len``).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class PromptResult:
+    """The ``prompt_ids`` (P,) of one prompt as the engine tokenized it, and its ``n`` completions."""
+
+    prompt_ids: list[int]
+    completions: list[Completion]
+
+
+class Engine(ABC):
+    """Generates with the policy version it serves; ``version`` is 0 (the initial weights) at start.
+
+    Attributes:
+        tokenizer: the tokenizer prompts are encoded with (a transformers tokenizer).
+        version: the policy version served.
+    """
+
+    tokenizer = None
+    version: int = 0
+    device = None  # torch.device the weights live on (the collective transport receives onto it)
+
+    supports_inflight = False  # generate(..., between_steps=...) can switch versions mid-generation
+
+    @abstractmethod
+    def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                 between_steps=None) -> list[PromptResult]:
+        """Sample ``n`` completions for each prompt with the version served.
+
+        Args:
+            prompts: P prompt strings, encoded with the engine's tokenizer (special tokens added as
+                the tokenizer does by default).
+            n: completions per prompt (a group).
+            temperature: > 0 samples from ``softmax(logits / temperature)``; 0 is greedy (argmax), and
+                its logprobs are then those of ``softmax(logits)``.
+            max_new_tokens: most tokens per completion.
+        Returns:
+            P results in prompt order, each with n completions.
+        """
+
+    @abstractmethod
+    def load_weights(self, version: int, fmt: str, path: str | Path) -> None:
+        """Serve policy ``version`` from the next ``generate`` on.
+
+        Args:
+            version: the new version; must be greater than the one served.
+            fmt: ``lora`` (a PEFT adapter directory) or ``full`` (a ``save_pretrained`` model
+                directory with safetensors weights of the same architecture).
+            path: the payload directory (already digest-checked by the weight transport).
+        Raises:
+            ValueError: an unknown format, or a version not newer than the one served.
+        """
+
+    def load_tensors(self, version: int, named: list) -> None:
+        """Serve full weights given as (name, tensor) pairs (the collective transport's payload).
+
+        This default writes them to a temporary safetensors directory and loads it as ``full``;
+        an engine that can copy tensors in place overrides it.
+        """
+        import tempfile
+
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="distrl-tensors-") as tmp:
+            save_file({n: t.detach().cpu().contiguous() for n, t in named}, str(Path(tmp) / "model.safetensors"),
+                      metadata={"format": "pt"})
+            self.load_weights(version, "full", tmp)
+
+    def load_lora(self, version: int, path: str | Path) -> None:
+        """Serve the LoRA adapter at ``path`` as ``version`` (``load_weights(version, "lora", path)``)."""
+        self.load_weights(version, "lora", path)
+
+    def close(self) -> None:
+        """Release what the engine holds (scratch files, the model); the engine is unusable after."""
+
+    def _check_load(self, version: int, fmt: str) -> None:
+        """Raise ValueError for a format outside FORMATS or a version not newer than the one served."""
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weights format {fmt!r}; engines load {FORMATS}")
+        if version <= self.version:
+            raise ValueError(f"policy version {version} is not newer than the served version {self.version}")
+
+
+def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
+                max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False) -> Engine:
+    """The generation engine of ``kind`` (``--engine``): ``vllm`` or ``hf``.
+
+    Args:
+        kind: ``vllm`` (vLLM's offline LLM, in-process) or ``hf`` (transformers).
+        model: hub id or directory of the causal LM (version 0).
+        tokenizer: another tokenizer's hub id or directory (default: the model's).
+        dtype: torch dtype name; ``auto`` is float32 on CPU and bfloat16 on GPU.
+        max_lora_rank: largest LoRA rank vLLM will load (unused by ``hf`` and with ``merge_lora``).
+        max_model_len: prompt + completion limit in tokens (default: the model's).
+        seed: sampling seed of the engine.
+        merge_lora: load LoRA versions by merging them into the base weights (W + B A alpha/r) and
+            loading the result as full weights, for engines without LoRA support.
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind == "vllm":
+        from rollout.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora)
+    if kind == "hf":
+        from rollout.engines.hf import HFEngine
+
+        return HFEngine(model, tokenizer, dtype, max_model_len, seed, merge_lora=merge_lora)
+    raise ValueError(f"unknown engine {kind!r}; expected one of {ENGINES}")

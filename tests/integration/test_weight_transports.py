@@ -1,0 +1,100 @@
+"""Weights by version through the whole stack: separate launchers over ZMQ, and the collective transport.
+
+`test_separate_launchers_without_shared_filesystem` starts `distrl buffer`, `distrl learn` and two
+`distrl rollout` as plain processes, each in its own working directory (nothing shared but loopback
+addresses), with weights downloaded from the learner's endpoint (`--weights_transport zmq`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.test_train import ENV, check_run, distrl, run, scalars
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_separate_launchers_without_shared_filesystem(tmp_path):
+    buf, pub, endpoint = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+    steps = 4
+    common = ["--model", "tiny", "--task", "half_vocab", "--max_steps", str(steps), "--batch_size", "4",
+              "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-3", "--max_staleness", "0",
+              "--number_of_actors", "2", "--run_name", "xhost", "--weights_transport", "zmq"]
+    dirs = {name: tmp_path / name for name in ("buffer", "learner", "actor0", "actor1")}
+    for d in dirs.values():
+        d.mkdir()
+    cli = [sys.executable, "-m", "distrl.cli"]
+    env = {**ENV, "PYTHONPATH": str(ROOT)}
+    procs = {"buffer": subprocess.Popen(cli + ["buffer", "--address", buf, "--run_dir", "run", "--batch_size", "4",
+                                               "--group_size", "4", "--max_staleness", "0"],
+                                        cwd=dirs["buffer"], env=env)}
+    procs["learner"] = subprocess.Popen(cli + ["learn", *common, "--buffer_address", buf, "--weights_pub_bind", pub,
+                                               "--weights_endpoint_bind", endpoint], cwd=dirs["learner"], env=env)
+    for i in range(2):
+        procs[f"actor{i}"] = subprocess.Popen(
+            cli + ["rollout", *common, "--actor_id", str(i), "--buffer_address", buf, "--weights_pub", pub,
+                   "--weights_endpoint", endpoint], cwd=dirs[f"actor{i}"], env=env)
+    try:
+        for name in ("learner", "actor0", "actor1"):
+            assert procs[name].wait(timeout=420) == 0, name
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+    learner_run = dirs["learner"] / "runs" / "xhost"
+    assert sorted(scalars(learner_run, "learner0", "learner/policy_version")) == list(range(1, steps + 1))
+    for i in range(2):
+        actor_run = dirs[f"actor{i}"] / "runs" / "xhost"
+        log = (actor_run / "logs" / f"actor{i}.log").read_text()
+        served = [int(v) for v in re.findall(r"switched from policy version \d+ to (\d+)", log)]
+        assert served == list(range(1, steps + 1)), served  # on-policy: every announced version served
+        # The payloads came over ZMQ into this actor's own cache, not from the learner's directory.
+        assert list((actor_run / "weights_cache" / f"actor{i}").glob("v*"))
+        assert not (actor_run / "weights").exists()
+    assert (dirs["buffer"] / "run" / "segments").is_dir()
+
+
+def test_full_weights_by_collective_broadcast_are_on_policy(tmp_path):
+    """--finetune full --weights_transport nccl (gloo on CPU), max_staleness 0: what the actors recorded at
+    version v equals the learner's logprobs at version v, so the broadcast weights are exactly the learner's."""
+    run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", "nccl",
+               "--number_of_actors", "2", "--max_staleness", "0", "--max_steps", "4", "--batch_size", "4",
+               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--run_name", "bcast"),
+        tmp_path)
+    run_dir = tmp_path / "bcast"
+    check_run(run_dir, versions=4, max_staleness=0, actors=2)
+    mismatch = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
+    assert all(mismatch[step] < 1e-3 for step in range(2, 5)), mismatch
+    assert scalars(run_dir, "actor0", "actor/weight_mb_fetched")[4] > 0  # bytes came through the broadcast
+    assert "full, digest sum64:" in (run_dir / "logs" / "actor0.log").read_text()
+
+
+def test_hf_engine_with_inflight_updates(tmp_path):
+    """The HF engine through the whole stack, loading versions between decode steps (`finish`)."""
+    from buffer.segments import read_segments
+
+    run(distrl("--model", "tiny", "--task", "half_vocab", "--engine", "hf", "--inflight_update", "finish",
+               "--max_staleness", "2", "--max_steps", "4", "--batch_size", "4", "--group_size", "4",
+               "--max_new_tokens", "32", "--learning_rate", "1e-3", "--run_name", "inflight"), tmp_path)
+    run_dir = tmp_path / "inflight"
+    check_run(run_dir, versions=4, max_staleness=2, actors=1)
+    rows = read_segments(run_dir).to_pylist()
+    assert all(r["last_policy_version"] >= r["policy_version"] for r in rows)
+    assert len(scalars(run_dir, "actor0", "actor/inflight_versions")) > 0
