@@ -9,6 +9,8 @@ saved with `save_pretrained`, so vLLM, transformers and Unsloth load the directo
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 # Special tokens first; then the characters of arithmetic prompts and answers, and a few letters.
@@ -53,7 +55,7 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
     directory = Path(directory)
     if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
         return directory
-    tmp = directory.with_name(directory.name + ".tmp")
+    tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
     tokenizer = build_tokenizer() if tokenizer is None else AutoTokenizer.from_pretrained(str(tokenizer))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -67,7 +69,10 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "distrl_tiny.json").write_text(json.dumps({"seed": seed, **TINY_ARCH}))
-    tmp.rename(directory)
+    try:
+        tmp.rename(directory)
+    except OSError:  # another process built it first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
 

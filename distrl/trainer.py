@@ -12,6 +12,7 @@ Any role that raises ends the run: the driver re-raises its error after shutting
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from distrl.config import TrainConfig
+from distrl.config import TrainConfig, buffer_options
 
 log = logging.getLogger("distrl.trainer")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -70,7 +71,7 @@ def _roles():
             setup_logging(Path(run_dir) / "logs" / "buffer0.log")
             self.server = BufferServer(f"tcp://{cfg.host}:0", run_dir, batch_size=cfg.batch_size,
                                        max_staleness=cfg.max_staleness, topk=cfg.k, group_size=cfg.group_size,
-                                       tb_dir=str(Path(run_dir) / "tb" / "buffer0"))
+                                       tb_dir=str(Path(run_dir) / "tb" / "buffer0"), **buffer_options(cfg))
 
         def address(self) -> str:
             return self.server.address
@@ -116,7 +117,7 @@ def _roles():
                 os.environ.update(cpu_engine_env(actor_id))
             from rollout.actor import RolloutActor
 
-            self.actor = RolloutActor(cfg, actor_id, endpoints, model_dir,
+            self.actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=run_dir,
                                       tb_dir=str(Path(run_dir) / "tb" / f"actor{actor_id}"))
 
         def run(self) -> dict:
@@ -152,6 +153,8 @@ def train(cfg: TrainConfig) -> dict:
     from buffer.client import BufferClient
     from rollout.actor import ActorEndpoints
 
+    if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
+        cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     run_dir, model_dir = prepare_run_dir(cfg)
     setup_logging(run_dir / "logs" / "driver.log")
     if cfg.ray_address is None:

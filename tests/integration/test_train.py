@@ -65,7 +65,7 @@ def check_run(run_dir: Path, versions: int, max_staleness: int, actors: int) -> 
     assert len(set(table.column("group_id").to_pylist())) == acked
     assert len(set(table.column("sample_id").to_pylist())) == table.num_rows
     for i in range(actors):
-        assert "switched from policy version 0 to 1" in (run_dir / "logs" / f"actor{i}.log").read_text()
+        assert "switched from policy version 0 to " in (run_dir / "logs" / f"actor{i}.log").read_text()
     return summary
 
 
