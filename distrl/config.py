@@ -68,10 +68,10 @@ class StorageOptions:
     segment_max_bytes: int = 256 * MiB
     """A segment file is closed and a new one started once it reaches this size, in bytes."""
     retention_bytes: Optional[int] = None
-    """Delete the oldest closed segments beyond this total size, in bytes (default: keep all). Only
+    """Delete the oldest closed segments beyond this total size, in bytes (unset: keep all). Only
     segments whose groups have all left memory are deleted."""
     retention_s: Optional[float] = None
-    """Delete closed segments older than this, in seconds (default: keep all); same rule as above."""
+    """Delete closed segments older than this, in seconds (unset: keep all); same rule as above."""
 
     def validate_storage(self) -> None:
         """Raise ValueError naming the first bad storage option."""
@@ -92,18 +92,18 @@ def buffer_options(cfg) -> dict:
 
 
 @dataclass
-class TrainConfig(StorageOptions, SelectionOptions):
-    """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
+class _RunOptions:
+    """The run's own options; TrainConfig lists them before the buffer's."""
 
     run_name: str = ""
     """Name of the run; its directory is `<log_dir>/<run_name>/` and must not exist yet
-    (default: `distrl-<date>-<time>`)."""
+    (unset: `distrl-<date>-<time>`)."""
     log_dir: str = "runs"
     """Parent directory of run directories (config, segments/, weights/, tb/<role><index>/)."""
     model: str = "tiny"
     """Hub id or local directory of a causal LM; `tiny` builds the embedded tiny Qwen2 model in code."""
     tokenizer: Optional[str] = None
-    """Tokenizer hub id or directory (default: the model's own)."""
+    """Tokenizer hub id or directory (unset: the model's own)."""
     dataset: Optional[str] = None
     """Hub id (e.g. `openai/gsm8k`) or a local .jsonl/.parquet file; unused by the built-in tasks."""
     task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
@@ -118,7 +118,7 @@ class TrainConfig(StorageOptions, SelectionOptions):
     group_size: int = 4
     """Completions sampled per prompt (n); a group is those n completions."""
     topk: Optional[int] = None
-    """Completions kept per group for training, the k best by reward (default: all n)."""
+    """Completions kept per group for training, the k best by reward (unset: all n)."""
     learner: Literal["pg", "grpo", "dr_grpo"] = "grpo"
     """Loss: `pg` (REINFORCE with a baseline), `grpo` (group-std-normalized advantages, clipped ratio) or
     `dr_grpo` (Dr.GRPO: clipped ratio, advantages not std-normalized, no length normalization). It also
@@ -134,9 +134,9 @@ class TrainConfig(StorageOptions, SelectionOptions):
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None
-    """Lower GRPO clip, in (0, 1): the ratio's floor is 1 - clip_eps_low (default: --clip_eps)."""
+    """Lower GRPO clip, in (0, 1): the ratio's floor is 1 - clip_eps_low (unset: --clip_eps)."""
     clip_eps_high: Optional[float] = None
-    """Upper GRPO clip (DAPO's clip-higher), > 0: the ratio's ceiling is 1 + clip_eps_high (default: --clip_eps)."""
+    """Upper GRPO clip (DAPO's clip-higher), > 0: the ratio's ceiling is 1 + clip_eps_high (unset: --clip_eps)."""
     loss_aggregation: Optional[Literal["token-mean", "sequence-mean-token-mean",
                                        "sequence-mean-token-sum-norm"]] = None
     """How per-token losses become the version's loss, over the whole batch of all learners: `token-mean`
@@ -144,7 +144,7 @@ class TrainConfig(StorageOptions, SelectionOptions):
     `sequence-mean-token-sum-norm` (mean over completions of token sum / --loss_norm_tokens).
     Default: sequence-mean-token-sum-norm for dr_grpo, token-mean otherwise."""
     loss_norm_tokens: Optional[int] = None
-    """Tokens: the constant divisor of sequence-mean-token-sum-norm (default: --max_new_tokens)."""
+    """Tokens: the constant divisor of sequence-mean-token-sum-norm (unset: --max_new_tokens)."""
     pg_baseline: Literal["group", "running_mean"] = "group"
     """`pg` only, the baseline subtracted from each reward: `group` (group mean, computed by the actor)
     or `running_mean` (a moving average of the version's mean reward, kept by the learners)."""
@@ -179,7 +179,7 @@ class TrainConfig(StorageOptions, SelectionOptions):
     """LoRA alpha (scale = alpha / r)."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj")
-    """Module names that get a LoRA adapter (default: every attention and MLP projection)."""
+    """Module names that get a LoRA adapter (every attention and MLP projection)."""
     finetune: Literal["lora", "full"] = "lora"
     """`lora` trains an adapter and publishes it (format `lora`); `full` trains every weight and publishes
     the whole model (format `full`)."""
@@ -193,7 +193,7 @@ class TrainConfig(StorageOptions, SelectionOptions):
     max_new_tokens: int = 256
     """Longest completion in tokens; longer ones stop with finish_reason `length`."""
     max_model_len: Optional[int] = None
-    """Longest prompt + completion the engine accepts, in tokens (default: the model's own limit)."""
+    """Longest prompt + completion the engine accepts, in tokens (unset: the model's own limit)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for engine and learner (`auto`: float32 on CPU, bfloat16 on GPU)."""
     seed: int = 0
@@ -225,6 +225,12 @@ class TrainConfig(StorageOptions, SelectionOptions):
     """Address of an existing Ray cluster; default starts a local one."""
     host: str = "127.0.0.1"
     """Address the buffer and weight endpoints bind to (loopback unless you need other hosts)."""
+
+
+
+@dataclass
+class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
+    """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
 
     def __post_init__(self) -> None:
         if not self.run_name:
@@ -390,7 +396,7 @@ class _BufferEndpoint:
     group_size: int = 4
     """Completions per group (n); every PUT must have exactly this many rows."""
     topk: Optional[int] = None
-    """Completions kept per group for training, by --topk_by (default: all n)."""
+    """Completions kept per group for training, by --topk_by (unset: all n)."""
     max_staleness: int = 1
     """Largest `learner_version - policy_version` handed out; 0 is on-policy."""
     curve_secret_key: Optional[str] = None
@@ -399,7 +405,7 @@ class _BufferEndpoint:
     curve_client_keys: Optional[str] = None
     """With --curve_secret_key: directory of the public key files (`*.key`) of the clients let in."""
     tb_dir: Optional[str] = None
-    """TensorBoard directory (default: `<run_dir>/tb/buffer0`)."""
+    """TensorBoard directory (unset: `<run_dir>/tb/buffer0`)."""
 
 
 @dataclass
@@ -442,32 +448,32 @@ class _ReplaySource:
     source: Positional[str]
     """Run directory of a finished or running job (its `segments/`), or a segments directory itself."""
     run_name: str = ""
-    """Name of the replay run; its directory is `<log_dir>/<run_name>/` (default: `replay-<date>-<time>`)."""
+    """Name of the replay run; its directory is `<log_dir>/<run_name>/` (unset: `replay-<date>-<time>`)."""
     log_dir: str = "runs"
     """Parent directory of the replay run directory (config.json, consumed.jsonl, weights/, tb/)."""
     model: Optional[str] = None
-    """Model to train (default: the source run's; its `model/` directory when it was `tiny`)."""
+    """Model to train (unset: the source run's; its `model/` directory when it was `tiny`)."""
     train_config: Optional[str] = None
-    """A TrainConfig JSON file for every other learner option (default: the source's config.json)."""
+    """A TrainConfig JSON file for every other learner option (unset: the source's config.json)."""
     max_steps: Optional[int] = None
     """Policy versions to train (default, and at most: as many as the log can feed under these rules)."""
     batch_size: Optional[int] = None
-    """Groups per version (default: the source run's)."""
+    """Groups per version (unset: the source run's)."""
     topk: Optional[int] = None
-    """Completions kept per group (default: the source run's)."""
+    """Completions kept per group (unset: the source run's)."""
     max_staleness: Optional[int] = None
-    """Largest staleness handed out, under --staleness_model (default: the source run's)."""
+    """Largest staleness handed out, under --staleness_model (unset: the source run's)."""
     staleness_model: Literal["recorded", "restamp"] = "recorded"
     """`recorded`: staleness = replay version - the policy version that generated the completion, and a
     group is eligible once the replay reaches that version (the source run's timeline). `restamp`: a group
     counts as generated by the version that first trains on it (staleness 0), and its reuses by later
     versions count from there; served rows carry that version."""
     learner: Optional[Literal["pg", "grpo"]] = None
-    """Loss (default: the source run's)."""
+    """Loss (unset: the source run's)."""
     learning_rate: Optional[float] = None
-    """AdamW learning rate (default: the source run's)."""
+    """AdamW learning rate (unset: the source run's)."""
     seed: Optional[int] = None
-    """Seed of the learner's initialization (default: the source run's)."""
+    """Seed of the learner's initialization (unset: the source run's)."""
 
 
 @dataclass
