@@ -221,6 +221,13 @@ class _RunOptions:
     merge_lora: bool = False
     """Actors load each LoRA version merged into the base weights (W + B A alpha/r) and reloaded as full
     weights, instead of as an adapter: for engines without LoRA support."""
+    resume: Optional[str] = None
+    """Continue the run in this directory: its config.json gives every option except --max_steps; the
+    learners restart from the newest checkpoint in ckpt/, the buffer from its segment log (unconsumed
+    groups are served again), each actor after the prompts it already used."""
+    checkpoint_every: int = 10
+    """Policy versions between learner checkpoints (`<run_dir>/ckpt/vNNNNNN/`; the last version is always
+    saved); 0 saves only the last."""
     ray_address: Optional[str] = None
     """Address of an existing Ray cluster; default starts a local one."""
     host: str = "127.0.0.1"
@@ -246,6 +253,8 @@ class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.max_staleness < 0:
             raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")
         if self.topk is not None and not 1 <= self.topk <= self.group_size:

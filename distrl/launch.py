@@ -50,7 +50,9 @@ def run_learn(cfg: LearnConfig) -> dict:
         log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *publisher.addresses)
     host = cfg.weights_endpoint_bind.removeprefix("tcp://").rsplit(":", 1)[0]
     learner = Learner(cfg, rank, world, cfg.buffer_address, model_dir, publisher, transport,
-                      tb_dir=str(run_dir / "tb" / f"learner{rank}"), broadcast_host=host)
+                      tb_dir=str(run_dir / "tb" / f"learner{rank}"), broadcast_host=host, run_dir=run_dir)
+    if cfg.resume:
+        learner.resume()
     try:
         result = learner.run()
         if publisher is not None and not publisher.linger(cfg.number_of_actors):  # actors fetch the last version

@@ -53,6 +53,22 @@ def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
     return run_dir, model_dir
 
 
+def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
+    """`--resume <run_dir>`: the run's saved config with this command's --max_steps (and resume set).
+
+    Returns (config, run_dir, model_dir). Raises FileNotFoundError if the directory holds no config.json.
+    """
+    run_dir = Path(cfg.resume).resolve()
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a distrl run directory)")
+    saved = json.loads((run_dir / "config.json").read_text())
+    saved.update(max_steps=cfg.max_steps, resume=str(run_dir), log_dir=str(run_dir.parent), run_name=run_dir.name)
+    resumed = TrainConfig(**saved)
+    (run_dir / "config.json").write_text(resumed.to_json())
+    model_dir = str(run_dir / "model") if resumed.model == "tiny" else resumed.model
+    return resumed, run_dir, model_dir
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -71,7 +87,8 @@ def _roles():
             setup_logging(Path(run_dir) / "logs" / "buffer0.log")
             self.server = BufferServer(f"tcp://{cfg.host}:0", run_dir, batch_size=cfg.batch_size,
                                        max_staleness=cfg.max_staleness, topk=cfg.k, group_size=cfg.group_size,
-                                       tb_dir=str(Path(run_dir) / "tb" / "buffer0"), **buffer_options(cfg))
+                                       tb_dir=str(Path(run_dir) / "tb" / "buffer0"), resume=bool(cfg.resume),
+                                       **buffer_options(cfg))
 
         def address(self) -> str:
             return self.server.address
@@ -99,7 +116,9 @@ def _roles():
                 transport = DirectoryTransport(Path(run_dir) / "weights", keep=cfg.max_staleness + 4)
             self.publisher = publisher
             self.learner = Learner(cfg, rank, cfg.number_of_learners, buffer_address, model_dir, publisher,
-                                   transport, tb_dir=str(Path(run_dir) / "tb" / f"learner{rank}"))
+                                   transport, tb_dir=str(Path(run_dir) / "tb" / f"learner{rank}"), run_dir=run_dir)
+            if cfg.resume:
+                self.learner.resume()
 
         def weight_addresses(self) -> tuple[str, str] | None:
             return self.publisher.addresses if self.publisher else None
@@ -153,9 +172,12 @@ def train(cfg: TrainConfig) -> dict:
     from buffer.client import BufferClient
     from rollout.actor import ActorEndpoints
 
+    if cfg.resume:
+        cfg, run_dir, model_dir = resume_run_dir(cfg)
+    else:
+        run_dir, model_dir = prepare_run_dir(cfg)
     if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
-    run_dir, model_dir = prepare_run_dir(cfg)
     setup_logging(run_dir / "logs" / "driver.log")
     if cfg.ray_address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -16,8 +16,8 @@ RNG files; the directory is written as ``.<name>.tmp`` and renamed into place by
 so a crash never leaves a half-written checkpoint under the final name. ``.pt`` files are read back with
 ``torch.load(weights_only=True)`` (tensors and plain containers only, no arbitrary unpickling).
 
-Not here: the buffer's and actors' positions (segment log, prompts served); ``distrl train --resume``
-wires these together with the buffer resume (issue 4, pending).
+Not here: the buffer's and actors' positions: the buffer rebuilds itself from its segment log and
+each actor skips the prompts its logged groups used; ``distrl train --resume`` wires the three.
 """
 
 from __future__ import annotations

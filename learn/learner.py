@@ -26,6 +26,7 @@ Works under Ray (``distrl.trainer.LearnerRole`` creates the process group) and u
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -37,7 +38,7 @@ import torch
 from distrl.config import TrainConfig
 from distrl.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
-from learn.checkpoint import load_checkpoint, save_checkpoint
+from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
@@ -110,7 +111,8 @@ class Learner:
     """
 
     def __init__(self, cfg: TrainConfig, rank: int, world_size: int, buffer_address: str, model_dir: str,
-                 publisher=None, transport=None, tb_dir: str | None = None, broadcast_host: str | None = None):
+                 publisher=None, transport=None, tb_dir: str | None = None, broadcast_host: str | None = None,
+                 run_dir: str | Path | None = None):
         from buffer.client import BufferClient
 
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -134,6 +136,7 @@ class Learner:
                                    curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
         self.publisher, self.transport = publisher, transport
+        self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.broadcaster = None  # rank 0 with --weights_transport nccl: full weights by collective broadcast
         if publisher is not None and cfg.weights_transport == "nccl":
             from distrl.weights.nccl import BroadcastSender
@@ -238,8 +241,30 @@ class Learner:
         self.publisher.announce(ann)
         self.metrics.scalar("learner/weight_publish_s", time.perf_counter() - t0, self.version)
 
+    def resume(self) -> int:
+        """Restore the newest checkpoint under ``<run_dir>/ckpt/``; returns its version (0: none found)."""
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            log.warning("learner%d: no checkpoint in %s/ckpt: starting from version 0", self.rank, self.run_dir)
+            return 0
+        self.load_checkpoint(ckpt)
+        log.info("learner%d: resumed from %s at version %d", self.rank, ckpt, self.version)
+        return self.version
+
+    def _checkpoint(self) -> None:
+        """Save `<run_dir>/ckpt/v<version>` every --checkpoint_every versions and at the last; keep two."""
+        every, last = self.cfg.checkpoint_every, self.version == self.cfg.max_steps
+        if self.run_dir is None or not (last or (every and self.version % every == 0)):
+            return
+        self.save_checkpoint(checkpoint_dir(self.run_dir, self.version))
+        if self.rank == 0:
+            for old in sorted((self.run_dir / "ckpt").glob("v[0-9]*"))[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
+
     def run(self) -> dict:
         idle_s, start, history = 0.0, time.perf_counter(), []
+        if self.rank == 0 and self.version > 0:  # resumed: actors start from the version we hold
+            self._publish()
         while self.version < self.cfg.max_steps:
             t0 = time.perf_counter()
             table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800)
@@ -250,6 +275,7 @@ class Learner:
             self.version += 1
             if self.rank == 0:
                 self._publish()
+            self._checkpoint()
             stats["learner/idle_fraction"] = idle_s / (time.perf_counter() - start)
             stats["learner/policy_version"] = self.version
             self.metrics.histogram("learner/staleness", stats.pop("staleness_values"), step=self.version)

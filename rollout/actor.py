@@ -52,6 +52,9 @@ class RolloutActor:
         self.name = f"actor{actor_id}"
         self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed)
         self.problems = self.task.problems(seed=cfg.seed * 1000 + actor_id)
+        self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
+        if cfg.resume:
+            self._skip_used_problems(Path(cfg.resume))
         self.engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
                                   seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
         self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
@@ -97,6 +100,21 @@ class RolloutActor:
                               "actor/publish_to_serve_s": time.time() - ann.published_at,
                               "actor/weight_mb_fetched": self.fetcher.bytes_fetched / 2**20}, step=ann.version)
 
+    def _skip_used_problems(self, run_dir: Path) -> None:
+        """Resume: skip the problems this actor's acknowledged groups already used (from the segment log)."""
+        from buffer.segments import read_segments, segment_paths
+
+        if not segment_paths(run_dir):
+            log.warning("%s: no segment log in %s: resuming at the start of the prompt stream", self.name, run_dir)
+            return
+        table = read_segments(run_dir)
+        used = len({g for g, a in zip(table.column("group_id").to_pylist(), table.column("actor_id").to_pylist())
+                    if a == self.actor_id})
+        for _ in range(used):
+            next(self.problems)
+        self.position = used
+        log.info("%s: resuming after the %d problems its groups already used", self.name, used)
+
     def _serve_final(self) -> None:
         """Load the last announced version if the learner still answers (it may already be gone)."""
         try:
@@ -113,7 +131,7 @@ class RolloutActor:
         self.engine.load_weights(ann.version, ann.format, self.fetcher.fetch(ann))
         return ann
 
-    def _generate(self, prompts: list[str]) -> tuple[list, int]:
+    def _generate(self, prompts: list[str], seed: int) -> tuple[list, int]:
         """Generate with the served version; with --inflight_update, switch versions mid-call.
 
         `finish`: a newer version is loaded between decode steps and the running completions go on
@@ -126,7 +144,7 @@ class RolloutActor:
             try:
                 hook = None if mode == "off" else self._between_steps
                 return self.engine.generate(prompts, self.cfg.group_size, self.cfg.temperature,
-                                            self.cfg.max_new_tokens, between_steps=hook), start_version
+                                            self.cfg.max_new_tokens, between_steps=hook, seed=seed), start_version
             except VersionBoundary:
                 self.aborted_calls += 1
                 self._refresh_weights(0)
@@ -158,9 +176,11 @@ class RolloutActor:
     def step(self, granted: int) -> dict:
         """Generate, score and PUT `granted` groups with the served version; return step metrics."""
         problems = [next(self.problems) for _ in range(granted)]
+        seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position  # per prompt: seed + i
+        self.position += granted
         prompts = [self.task.prompt(p, self.engine.tokenizer) for p in problems]
         t0, c0 = time.time(), time.perf_counter()
-        results, start_version = self._generate(prompts)
+        results, start_version = self._generate(prompts, seed)
         gen_s = time.perf_counter() - c0
         groups = [self._make_group(problem, prompt, result, t0, gen_s, start_version)
                   for problem, prompt, result in zip(problems, prompts, results)]

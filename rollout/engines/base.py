@@ -59,7 +59,7 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-                 between_steps=None) -> list[PromptResult]:
+                 between_steps=None, seed: int | None = None) -> list[PromptResult]:
         """Sample ``n`` completions for each prompt with the version served.
 
         Args:
@@ -69,6 +69,10 @@ class Engine(ABC):
             temperature: > 0 samples from ``softmax(logits / temperature)``; 0 is greedy (argmax), and
                 its logprobs are then those of ``softmax(logits)``.
             max_new_tokens: most tokens per completion.
+            between_steps: see the engine (in-flight updates; HF engine only).
+            seed: prompt i is sampled with seed ``seed + i`` (vLLM) or the call with ``seed`` (HF), so
+                a resumed actor draws the same completions as the run it continues; None: the
+                engine's own random stream.
         Returns:
             P results in prompt order, each with n completions.
         """

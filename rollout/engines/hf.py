@@ -83,7 +83,7 @@ class HFEngine(Engine):
     # -- generation -----------------------------------------------------------------------------
 
     def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-                 between_steps=None) -> list[PromptResult]:
+                 between_steps=None, seed: int | None = None) -> list[PromptResult]:
         """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``).
 
         ``between_steps``: called every ``INFLIGHT_INTERVAL`` decode steps; it may load a newer version
@@ -91,6 +91,8 @@ class HFEngine(Engine):
         Raises ValueError for a prompt of ``max_model_len`` tokens or more, or a negative temperature.
         """
         self._between_steps = between_steps
+        if seed is not None:
+            self.generator.manual_seed(seed)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         prompt_ids = self.tokenizer(list(prompts))["input_ids"]

@@ -136,7 +136,7 @@ class VLLMEngine(Engine):
             self._scratch = None
 
     def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-                 between_steps=None) -> list[PromptResult]:
+                 between_steps=None, seed: int | None = None) -> list[PromptResult]:
         """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``)."""
         if between_steps is not None:
             raise ValueError("in-flight weight updates need --engine hf (vLLM's offline LLM generates in one call)")
@@ -144,9 +144,11 @@ class VLLMEngine(Engine):
 
         # vLLM refuses greedy sampling with n > 1: send each prompt n times with n = 1 instead.
         copies = n if temperature == 0 else 1
-        params = SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
-                                max_tokens=max_new_tokens, logprobs=0)
         requests = [p for p in prompts for _ in range(copies)]
+        params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
+                                 max_tokens=max_new_tokens, logprobs=0,
+                                 seed=None if seed is None else seed + i // copies)
+                  for i in range(len(requests))]
         outputs = self.llm.generate(requests, params, lora_request=self._lora, use_tqdm=False)
         results = []
         for i in range(0, len(outputs), copies):
