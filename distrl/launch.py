@@ -41,6 +41,7 @@ def run_learn(cfg: LearnConfig) -> dict:
                          f"N learners with `torchrun --nproc_per_node N` and pass --number_of_learners N")
     run_dir, model_dir = role_dir(cfg, f"learner{rank}")
     from distrl.weights import DirectoryTransport, WeightPublisher
+    from distrl.weights.base import endpoint_host
     from learn.learner import Learner
 
     publisher = transport = None
@@ -48,9 +49,9 @@ def run_learn(cfg: LearnConfig) -> dict:
         publisher = WeightPublisher(cfg.weights_pub_bind, cfg.weights_endpoint_bind)
         transport = DirectoryTransport(run_dir / "weights", keep=cfg.max_staleness + 4)
         log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *publisher.addresses)
-    host = cfg.weights_endpoint_bind.removeprefix("tcp://").rsplit(":", 1)[0]
     learner = Learner(cfg, rank, world, cfg.buffer_address, model_dir, publisher, transport,
-                      tb_dir=str(run_dir / "tb" / f"learner{rank}"), broadcast_host=host, run_dir=run_dir)
+                      tb_dir=str(run_dir / "tb" / f"learner{rank}"),
+                      broadcast_host=endpoint_host(cfg.weights_endpoint_bind), run_dir=run_dir)
     if cfg.resume:
         learner.resume()
     try:
@@ -69,7 +70,7 @@ def run_rollout(cfg: RolloutConfig) -> dict:
     """Run one rollout actor until the buffer says stop."""
     run_dir, model_dir = role_dir(cfg, f"actor{cfg.actor_id}")
     from rollout.actor import ActorEndpoints, RolloutActor
-    from rollout.engine import cpu_engine_env
+    from rollout.engines import cpu_engine_env
 
     try:
         import torch

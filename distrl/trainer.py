@@ -131,7 +131,7 @@ def _roles():
         def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
             setup_logging(Path(run_dir) / "logs" / f"actor{actor_id}.log")
             if not _cuda():
-                from rollout.engine import cpu_engine_env
+                from rollout.engines import cpu_engine_env
 
                 os.environ.update(cpu_engine_env(actor_id))
             from rollout.actor import RolloutActor

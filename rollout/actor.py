@@ -66,11 +66,11 @@ class RolloutActor:
             log.warning("%s: no weight endpoint answer yet at %s: starting from version 0", self.name,
                         endpoints.weights_latest)
         if cfg.weights_transport == "nccl":
+            from distrl.weights.base import endpoint_host
             from distrl.weights.nccl import BroadcastReceiver
 
-            host = endpoints.weights_latest.removeprefix("tcp://").rsplit(":", 1)[0]
-            self.fetcher = BroadcastReceiver(f"{host}:{cfg.weights_broadcast_port}", 1 + actor_id,
-                                             cfg.number_of_actors, self.engine.device)
+            address = f"{endpoint_host(endpoints.weights_latest)}:{cfg.weights_broadcast_port}"
+            self.fetcher = BroadcastReceiver(address, 1 + actor_id, cfg.number_of_actors, self.engine.device)
         else:
             self.fetcher = make_fetcher(cfg.weights_transport, endpoints.weights_latest,
                                         Path(work_dir) / "weights_cache" / self.name)

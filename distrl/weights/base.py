@@ -61,6 +61,11 @@ class Announcement:
 BASE = Announcement(version=0, format="base", digest="", location="")
 
 
+def endpoint_host(address: str) -> str:
+    """The host part of a ``tcp://host:port`` endpoint."""
+    return address.removeprefix("tcp://").rsplit(":", 1)[0]
+
+
 def _bind(sock: zmq.Socket, address: str) -> str:
     """Bind to `address`; port 0 picks a free port. Returns the bound address."""
     if address.endswith(":0"):
