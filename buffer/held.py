@@ -66,7 +66,10 @@ def parse_groups(batch: pa.RecordBatch, n: int, topk: int, topk_by: str) -> Pars
     rewards = rewards.reshape(m, n).astype(np.float64)
     keys = rewards if topk_by == "reward" else np.abs(advantages.reshape(m, n))
     keep = np.sort(np.argsort(-keys, axis=1, kind="stable")[:, :topk], axis=1)  # ties go to the earlier row
-    variance = np.where(rewards.max(1) == rewards.min(1), 0.0, rewards.var(1))
+    # population variance with np.var's arithmetic (same bits) in under half its time (no Python-level
+    # wrapper); the mean of n equal float32 values is exact in float64, so equal rewards give exactly 0.0
+    centred = rewards - np.add.reduce(rewards, 1, keepdims=True) / n  # (m, n)
+    variance = np.add.reduce(centred * centred, 1) / n
     return Parsed(heads, versions[:, 0].tolist(), sample_ids, keep, variance.tolist())
 
 

@@ -14,8 +14,8 @@ after older segments were deleted by retention.
 
 Durability (``fsync``): every append is written and flushed to the OS before it returns, so it
 survives a killed process; ``always`` also fsyncs each append, ``batch`` fsyncs at :meth:`commit`
-(the server commits once per batch of requests, before sending any of their ACKs), ``never`` leaves
-it to the OS (a power loss may lose acknowledged groups).
+(the server's commit thread appends what the loop accepted, commits, then sends their ACKs),
+``never`` leaves it to the OS (a power loss may lose acknowledged groups).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -64,7 +63,6 @@ class _SyncedFile:
         self.path, self.fsync = path, fsync
         self.file = open(path, mode)
         self._dirty = False
-        self._inflight: Future | None = None
 
     def written(self) -> None:
         """Call after each logical append: flush to the OS, fsync now under ``always``."""
@@ -76,26 +74,9 @@ class _SyncedFile:
 
     def commit(self) -> None:
         """fsync what was written since the last commit (``batch``; a no-op for the other policies)."""
-        self.wait()
         if self._dirty and self.fsync == "batch":
             _sync(self.file.fileno())
         self._dirty = False
-
-    def commit_async(self, pool: ThreadPoolExecutor) -> Future | None:
-        """Start the ``batch`` fsync of what was written so far in ``pool``; None if there is nothing to
-        sync. Writes may go on meanwhile; wait for the future before acknowledging what it covers."""
-        self.wait()
-        if not (self._dirty and self.fsync == "batch"):
-            return None
-        self._dirty = False
-        self._inflight = pool.submit(_sync, self.file.fileno())
-        return self._inflight
-
-    def wait(self) -> None:
-        """Wait for a background fsync (re-raising its OSError)."""
-        if self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            inflight.result()
 
 
 class SegmentLog:
@@ -108,7 +89,8 @@ class SegmentLog:
         first_seq: seq of the next group (non-zero when resuming).
         retention_bytes, retention_s: see :meth:`apply_retention` (None: keep everything).
         group_size: rows per group (each append may hold several groups); None: one group per append.
-    A new process never rewrites an old segment: it opens the next free number. Not thread-safe.
+    A new process never rewrites an old segment: it opens the next free number. Not thread-safe: the
+    server uses it from its commit thread alone while serving.
     """
 
     def __init__(self, directory: str | os.PathLike, fsync: str = "batch", max_bytes: int = 256 * 2**20,
@@ -162,10 +144,6 @@ class SegmentLog:
     def commit(self) -> None:
         """fsync the appends since the last commit (policy ``batch``)."""
         self._out.commit()
-
-    def commit_async(self, pool: ThreadPoolExecutor) -> Future | None:
-        """Start that fsync in ``pool`` (pipelined group commit); see :meth:`_SyncedFile.commit_async`."""
-        return self._out.commit_async(pool)
 
     def _close_current(self) -> None:
         self._out.file.write(END_OF_STREAM)

@@ -11,7 +11,8 @@ import zmq
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from buffer.client import BufferClient
-from buffer.segments import read_consumed, read_segments
+from buffer import segments
+from buffer.segments import read_consumed, read_segments, segment_paths
 from buffer.server import BufferServer
 from distrl import wire
 from distrl.wire import Header, MsgType
@@ -237,3 +238,38 @@ def test_stop_turns_credit_replies_into_stop(tmp_path):
         c.stop()
         reply = c.credits(2)
         assert reply["stop"] == 1 and reply["granted"] == 0
+
+
+def test_puts_are_acked_and_handed_out_only_once_their_commit_is_done(tmp_path, monkeypatch):
+    gate, real_sync = threading.Event(), segments._sync
+    monkeypatch.setattr(segments, "_sync", lambda fd: (gate.wait(10), real_sync(fd)))  # holds the commit
+    with serving(tmp_path, batch_size=1, topk=4, fsync="batch") as server, client(server) as learner, \
+            zmq.Context() as ctx, ctx.socket(zmq.DEALER) as actor:
+        try:
+            actor.connect(server.address)
+            actor.send_multipart(wire.encode(MsgType.PUT, "actor", 7, body=make_group("a")))
+            while server.store.groups_put < 1:  # admitted to memory, its commit held at the fsync
+                time.sleep(0.01)
+            assert actor.poll(200) == 0  # no ACK yet
+            with pytest.raises(TimeoutError, match="0 of 1 fresh groups"):
+                learner.get(0, timeout_s=0.2)  # not handed out either
+        finally:
+            gate.set()
+        header, _ = wire.decode(actor.recv_multipart())
+        assert (header.type, header.seq, header.fields["seq_no"]) == (MsgType.ACK, 7, 0)
+        assert learner.get(0).column("group_id").to_pylist() == ["a"] * 4
+    assert read_segments(tmp_path).column("group_id").to_pylist() == ["a"] * 4
+
+
+def test_retention_runs_in_the_commit_thread_and_deletes_consumed_segments(tmp_path):
+    with serving(tmp_path, batch_size=2, topk=4, segment_max_bytes=1, retention_bytes=1) as server, \
+            client(server) as c:
+        for i in range(4):  # every append fills its segment: one closed segment per group
+            c.put(make_group(f"g{i}"))
+        assert c.get(0).num_rows == 8 and c.get(1).num_rows == 8  # every group left memory
+        for _ in range(100):  # retention runs at the once-a-second tick
+            if c.stats()["segments_deleted"] == 4:
+                break
+            time.sleep(0.1)
+        assert c.stats()["segments_deleted"] == 4
+    assert [p.name for p in segment_paths(tmp_path)] == ["segment-00004.arrow"]

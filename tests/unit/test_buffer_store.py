@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from buffer.held import parse_groups
 from buffer.selection import first_k, topk_rows
 from buffer.store import BufferFull, GroupStore
 from tests.helpers import make_group
@@ -380,3 +381,24 @@ def test_top_k_of_groups_from_one_put_equals_top_k_of_each():
         apart.put(g)
     expected = pa.concat_tables([topk_rows(g, 2) for g in groups])
     assert together.select(0, 0, 1).equals(expected) and apart.select(0, 0, 1).equals(expected)
+
+
+def test_groups_not_yet_logged_are_neither_handed_out_nor_fresh():
+    s = store(batch_size=2)
+    for g in ("a", "b", "c"):
+        s.put(make_group(g))
+    s.logged_below = 1  # the server's log holds only seq 0 so far
+    assert s.fresh_groups(0) == 1 and s.select(0, 0, 1) is None
+    s.logged_below = 3
+    assert s.select(0, 0, 1).column("group_id").to_pylist() == ["a", "a", "b", "b"]
+
+
+def test_reward_variance_is_numpys_population_variance_and_exactly_zero_when_rewards_are_equal():
+    rng = np.random.default_rng(0)
+    rewards = (rng.standard_normal((6, 5)) * 10.0 ** rng.integers(-8, 8, (6, 1))).astype(np.float32)
+    rewards[2], rewards[4] = 0.3, -7.1e-5  # all equal: exactly 0.0, whatever the rounding of the mean
+    batch = pa.concat_tables([make_group(f"g{i}", group_size=5, rewards=r.tolist())
+                              for i, r in enumerate(rewards)]).combine_chunks().to_batches()[0]
+    variance = parse_groups(batch, 5, 2, "reward").variance
+    assert variance == rewards.astype(np.float64).var(axis=1).tolist()
+    assert variance[2] == 0.0 and variance[4] == 0.0 and min(variance[:2] + variance[5:]) > 0.0
