@@ -70,7 +70,8 @@ class Engine(ABC):
                 its logprobs are then those of ``softmax(logits)``.
             max_new_tokens: most tokens per completion.
             between_steps: see the engine (in-flight updates; HF engine only).
-            seed: prompt i is sampled with seed ``seed + i`` (vLLM) or the call with ``seed`` (HF), so
+            seed: completion j of prompt i is sampled with seed ``seed + i * n + j`` (vLLM) or the call
+                with ``seed`` (HF), so no two completions share a seed and
                 a resumed actor draws the same completions as the run it continues; None: the
                 engine's own random stream.
         Returns:

