@@ -1,0 +1,34 @@
+"""The live console view (distrl/console.py): what one refresh shows, and when it is off."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from distrl.console import LiveConsole, start_console
+from distrl.metrics import Metrics
+
+
+def text_of(table) -> str:
+    out = io.StringIO()
+    Console(file=out, width=140).print(table)
+    return out.getvalue()
+
+
+def test_render_shows_version_reward_staleness_and_fill(tmp_path):
+    with Metrics(tmp_path / "tb" / "learner0") as m:
+        m.scalars({"learner/reward_mean": 0.25, "learner/staleness_mean": 0.5, "learner/staleness_max": 1,
+                   "learner/tokens_per_s": 1234.0}, step=3)
+    view = LiveConsole("tcp://127.0.0.1:1", tmp_path, max_steps=10, max_rows=1000)
+    learner = view._learner_scalars()  # the learner's events as written above
+    text = text_of(view.render({"learner_version": 3, "rows": 50, "groups_put": 12}, learner))
+    for expected in ("3/10", "0.250", "0.50/1", "1234", "50 (5%)", "12"):
+        assert expected in text, (expected, text)
+    assert "-" in text_of(view.render(None, {}, error="buffer STATS: TimeoutError"))
+
+
+def test_off_without_a_terminal_or_with_no_console(tmp_path):
+    # pytest captures stderr, so it is not a terminal here: no view either way
+    assert start_console(True, "tcp://127.0.0.1:1", tmp_path, 10, 1000) is None
+    assert start_console(False, "tcp://127.0.0.1:1", tmp_path, 10, 1000) is None
