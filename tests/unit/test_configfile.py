@@ -1,0 +1,92 @@
+"""`--config FILE` (YAML or TOML): the file's flags, overridden by the command line; bad files refused."""
+
+from __future__ import annotations
+
+import pytest
+import tyro
+
+from distrl.cli import COMMANDS, main
+from distrl.configfile import ConfigFileError, expand_config
+
+CONFIGS = {name: cls for name, (cls, _) in COMMANDS.items()}
+
+
+def parse(argv: list[str]):
+    return tyro.extras.subcommand_cli_from_dict(CONFIGS, args=expand_config(argv, CONFIGS), prog="distrl",
+                                                use_underscores=True)
+
+
+YAML = """
+max_steps: 20
+learning_rate: 3.0e-4
+filter_zero_variance: true
+learner_generates: false
+tokenizer: null
+lora_target_modules: [q_proj, v_proj]
+gpu_split: "3:1"
+run_name: from-file
+"""
+
+TOML = """
+max_steps = 20
+learning_rate = 3.0e-4
+filter_zero_variance = true
+learner_generates = false
+lora_target_modules = ["q_proj", "v_proj"]
+gpu_split = "3:1"
+run_name = "from-file"
+"""
+
+
+@pytest.mark.parametrize("name,text", [("run.yaml", YAML), ("run.toml", TOML)])
+def test_file_values_and_command_line_override(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    cfg = parse(["train", "--config", str(path), "--max_steps", "5", "--no_filter_zero_variance"])
+    assert cfg.max_steps == 5 and cfg.filter_zero_variance is False  # the command line wins
+    assert cfg.learning_rate == 3e-4 and cfg.tokenizer is None and cfg.learner_generates is False
+    assert cfg.lora_target_modules == ("q_proj", "v_proj")
+    assert (cfg.number_of_actors, cfg.number_of_learners, cfg.gpus_per_actor) == (3, 1, 1.0)  # from gpu_split
+    assert cfg.run_name == "from-file" and cfg.config == str(path)
+    assert parse(["train", f"--config={path}"]).max_steps == 20  # the file alone
+
+
+def test_unknown_key_names_key_and_file(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text("max_steps = 3\nmax_step = 4\n")
+    with pytest.raises(ConfigFileError, match=r"bad.toml: unknown key 'max_step'"):
+        parse(["train", "--config", str(path)])
+    assert main(["train", "--config", str(path)]) == 2
+    assert "unknown key 'max_step'" in capsys.readouterr().err
+
+
+def test_bad_files_are_refused(tmp_path):
+    with pytest.raises(ConfigFileError, match="no such file"):
+        parse(["train", "--config", str(tmp_path / "missing.yaml")])
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(ConfigFileError, match=r"must end in \.yaml, \.yml or \.toml"):
+        parse(["train", "--config", str(tmp_path / "run.json")])
+    (tmp_path / "list.yaml").write_text("- max_steps\n")
+    with pytest.raises(ConfigFileError, match="expected a mapping"):
+        parse(["train", "--config", str(tmp_path / "list.yaml")])
+    (tmp_path / "nested.yaml").write_text("max_steps:\n  a: 1\n")
+    with pytest.raises(ConfigFileError, match="holds a mapping"):
+        parse(["train", "--config", str(tmp_path / "nested.yaml")])
+    (tmp_path / "broken.toml").write_text("max_steps = = 3\n")
+    with pytest.raises(ConfigFileError, match="cannot parse"):
+        parse(["train", "--config", str(tmp_path / "broken.toml")])
+
+
+def test_other_commands_take_config_files(tmp_path):
+    (tmp_path / "buffer.yaml").write_text(f"run_dir: {tmp_path}\nbatch_size: 8\ngroup_size: 2\n")
+    cfg = parse(["buffer", "--config", str(tmp_path / "buffer.yaml"), "--group_size", "4"])
+    assert (cfg.batch_size, cfg.group_size, cfg.run_dir) == (8, 4, str(tmp_path))
+    (tmp_path / "rollout.toml").write_text('actor_id = 2\nbuffer_address = "tcp://10.0.0.1:5555"\n')
+    cfg = parse(["rollout", "--config", str(tmp_path / "rollout.toml")])
+    assert (cfg.actor_id, cfg.buffer_address) == (2, "tcp://10.0.0.1:5555")
+
+
+def test_values_are_validated_like_flags(tmp_path):
+    (tmp_path / "run.yaml").write_text("max_staleness: -1\n")
+    with pytest.raises(SystemExit):  # tyro reports the config's ValueError naming --max_staleness
+        parse(["train", "--config", str(tmp_path / "run.yaml")])
