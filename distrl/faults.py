@@ -1,0 +1,213 @@
+"""Fault handling shared by `distrl train` and the launchers: signals, role files, the liveness watchdog.
+
+* **Signals.** :func:`raise_on_signals` turns the first SIGINT or SIGTERM into :class:`Interrupted`
+  (further ones are ignored, so the cleanup that follows is not cut short); `distrl` then exits with
+  ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM).
+* **Role files.** Each role writes ``<run_dir>/roles/<name>.json`` = ``{"name", "pid", "host",
+  "started"}`` (``started``: unix seconds) when it starts, and again when it is restarted, so reports
+  (and tests) can name and find the process.
+* **Liveness.** Every actor and learner talks to the buffer all the time: an actor asks for credits
+  before each generate call (every 50 ms while it has none), a learner asks for a batch after each
+  step (every 20 ms while it waits). The buffer remembers each client's last request (STATS
+  ``last_seen_s``), so a role that sent nothing for ``--heartbeat_timeout_s`` is stuck (a frozen
+  process, a hung generate call or step, a deadlock); the buffer is stuck when it does not answer
+  STATS within that time. A role the buffer has not heard from yet, or that (re)started after its
+  last request, is still loading its model and is not judged.
+* **The driver's side** (`distrl train`): :func:`watch_roles` acts on what the watchdog finds,
+  :func:`end_early` flushes the buffer and writes ``summary.json`` when a run ends before its last
+  version (a signal, a stuck or a failed role).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+log = logging.getLogger("distrl.faults")
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived; ``signum`` is its number. A KeyboardInterrupt, so that library code
+    catching ``Exception`` does not swallow it and Ray's blocking calls give it back (as a plain
+    KeyboardInterrupt: :func:`as_interrupted` restores the signal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_RECEIVED: list[int] = []  # signals the handler of raise_on_signals() got, in order (process-wide)
+
+
+def as_interrupted(exc: KeyboardInterrupt) -> Interrupted:
+    """``exc`` as an :class:`Interrupted` naming the signal that caused it (SIGINT if none was seen)."""
+    return exc if isinstance(exc, Interrupted) else Interrupted(_RECEIVED[0] if _RECEIVED else signal.SIGINT)
+
+
+class RoleStuck(RuntimeError):
+    """A learner or the buffer made no progress for --heartbeat_timeout_s; the message names it."""
+
+
+def raise_on_signals() -> None:
+    """Make the first SIGINT/SIGTERM raise :class:`Interrupted` in the main thread; ignore later ones."""
+
+    def handler(signum, _frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        _RECEIVED.append(signum)
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def write_role_file(run_dir: str | os.PathLike, name: str) -> dict:
+    """Write ``<run_dir>/roles/<name>.json`` for this process (via a temp file and a rename); returns it."""
+    info = {"name": name, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    path = Path(run_dir) / "roles" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, path)
+    return info
+
+
+def read_role_file(run_dir: str | os.PathLike, name: str) -> dict | None:
+    """The role file of ``name`` (None if that role never started)."""
+    path = Path(run_dir) / "roles" / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def quiet_roles(last_seen_s: dict[str, float], watched: list[str], started: dict[str, float], now: float,
+                timeout_s: float) -> list[tuple[str, float]]:
+    """``(name, seconds quiet)`` of each role in ``watched`` whose last buffer request is more than
+    ``timeout_s`` old. ``last_seen_s``: seconds since each client's last request (buffer STATS);
+    ``started``: unix time each role (re)started; ``now``: unix time. Roles never seen, or (re)started
+    after their last request, are skipped (still starting)."""
+    quiet = []
+    for name in watched:
+        age = last_seen_s.get(name)
+        if age is None or started.get(name, 0.0) > now - age:
+            continue
+        if age > timeout_s:
+            quiet.append((name, age))
+    return quiet
+
+
+class Watchdog:
+    """Polls the buffer's STATS and reports roles quiet for more than ``timeout_s`` seconds.
+
+    ``check(watched)`` returns ``[(name, message)]``: ``buffer0`` when STATS is not answered within
+    ``timeout_s``, else the quiet roles among ``watched``; an empty list when all is well.
+    ``restarted(name)`` starts that role's grace period (it is loading again).
+    """
+
+    def __init__(self, buffer_address: str, run_dir: str | os.PathLike, timeout_s: float,
+                 curve_server_key: str | None = None, curve_client_key: str | None = None) -> None:
+        from buffer.client import BufferClient
+
+        self.run_dir, self.timeout_s = Path(run_dir), timeout_s
+        self.client = BufferClient(buffer_address, "watchdog", timeout_s=timeout_s, retries=0,
+                                   curve_server_key=curve_server_key, curve_client_key=curve_client_key)
+        self._restarted: dict[str, float] = {}
+
+    def describe(self, name: str) -> str:
+        """``name (pid P on host H)`` from its role file."""
+        info = read_role_file(self.run_dir, name)
+        return name if info is None else f"{name} (pid {info['pid']} on host {info['host']})"
+
+    def restarted(self, name: str) -> None:
+        self._restarted[name] = time.time()
+
+    def check(self, watched: list[str]) -> list[tuple[str, str]]:
+        try:
+            last_seen = self.client.stats()["last_seen_s"]
+        except TimeoutError:
+            return [("buffer0", f"{self.describe('buffer0')}: no answer to STATS for {self.timeout_s:.0f} s "
+                                f"(--heartbeat_timeout_s {self.timeout_s:g})")]
+        started = {}
+        for name in watched:
+            info = read_role_file(self.run_dir, name)
+            started[name] = max(info["started"] if info else 0.0, self._restarted.get(name, 0.0))
+        return [(name, f"{self.describe(name)}: no request to the buffer for {age:.0f} s "
+                       f"(--heartbeat_timeout_s {self.timeout_s:g})")
+                for name, age in quiet_roles(last_seen, watched, started, time.time(), self.timeout_s)]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+# ---- `distrl train`: what the driver does about a stuck role or an early end -------------------
+
+
+def watch_roles(cfg, run_dir: Path, buffer_address: str, roles: dict):  # cfg: distrl.config.TrainConfig
+    """(Watchdog, watch) for `distrl.trainer._wait_all`, or (None, None) with --heartbeat_timeout_s 0.
+
+    ``roles``: name -> (Ray handle, run ref). ``watch()`` logs every stuck role by name and kills it
+    (:func:`kill_role`): Ray restarts a stuck actor; a stuck learner or buffer raises RoleStuck.
+    """
+    import ray
+
+    if not cfg.heartbeat_timeout_s:
+        return None, None
+    dog = Watchdog(buffer_address, run_dir, cfg.heartbeat_timeout_s)
+
+    def watch() -> None:
+        running = [name for name, (_, ref) in roles.items() if not ray.wait([ref], timeout=0)[0]]
+        for name, message in dog.check(running):
+            actor = name.startswith("actor")
+            log.error("%s: %s", message, f"restarting it (at most --max_actor_restarts {cfg.max_actor_restarts} "
+                      "times)" if actor else "ending the run")
+            kill_role(roles[name][0], read_role_file(run_dir, name))  # an actor: Ray starts it again
+            if not actor:
+                raise RoleStuck(message)
+            dog.restarted(name)
+
+    return dog, watch
+
+
+def kill_role(handle, info: dict | None) -> None:
+    """SIGKILL a role's process by pid when it runs on this host (a frozen process cannot exit by
+    itself), else ask Ray to kill it; Ray restarts an actor that has restarts left."""
+    import ray
+
+    if info is not None and info["host"] == socket.gethostname():
+        try:
+            os.kill(info["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+    ray.kill(handle, no_restart=False)
+
+
+def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address: str | None, buffer_ref) -> None:
+    """The run ends before its last version: ask the buffer to shut down (its logs are flushed and
+    closed: every acknowledged group stays readable) and write summary.json saying why."""
+    import ray
+
+    from buffer.client import BufferClient
+
+    interrupted = reason.signum if isinstance(reason, Interrupted) else None
+    log.error("run ends early: %s", f"interrupted by {reason}" if interrupted else f"{type(reason).__name__}: {reason}")
+    buffer_stats = None
+    if buffer_address is not None:
+        try:
+            with BufferClient(buffer_address, "driver", timeout_s=10) as client:
+                client.shutdown()
+            buffer_stats = ray.get(buffer_ref, timeout=20)
+        except Exception as exc:  # noqa: BLE001 - a dead or stuck buffer: its acknowledged groups are on disk
+            log.warning("buffer not shut down cleanly (%s: %s)", type(exc).__name__, exc)
+    summary = {"run_dir": str(run_dir), "interrupted": interrupted is not None,
+               "signal": str(reason) if interrupted else None,
+               "error": None if interrupted else f"{type(reason).__name__}: {reason}",
+               "wall_s": time.time() - start, "buffer": buffer_stats,
+               "last_selected_version": None if buffer_stats is None else buffer_stats.get("learner_version"),
+               "resume": f"distrl train --resume {run_dir} --max_steps N"}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\ndistrl: run ended early ({'interrupted by ' + str(reason) if interrupted else summary['error']})"
+          f"\n  run directory: {run_dir}\n  continue it:   {summary['resume']}", flush=True)
