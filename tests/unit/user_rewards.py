@@ -1,0 +1,26 @@
+"""Reward functions for --reward tests (loaded by path, as a user's file would be)."""
+
+import time
+
+
+def digits(completion_text, problem):
+    """Share of the completion's characters that are digits, and whether the gold answer appears."""
+    share = sum(ch.isdigit() for ch in completion_text) / max(len(completion_text), 1)
+    return share, {"digits": share, "has_gold": float(problem.gold in completion_text)}
+
+
+def constant(completion_text, problem):
+    return 0.5
+
+
+def wrong_type(completion_text, problem):
+    return "high"
+
+
+def raises(completion_text, problem):
+    raise KeyError("no such field")
+
+
+def slow(completion_text, problem):
+    time.sleep(60 if completion_text == "slow" else 0)
+    return 1.0
