@@ -3,10 +3,12 @@
 A (B, T) batch with a 151k vocabulary has B*T*151k logits: in fp32 that is gigabytes, and autograd
 would keep them (and the log-softmax) alive until backward. ``token_logprobs`` instead flattens the
 B*T positions, cuts them into chunks of ``chunk_tokens`` and runs head -> /temperature -> log-softmax
--> gather for each chunk inside ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: autograd
-saves only each chunk's inputs (hidden slice, head weight), and backward recomputes one chunk's logits
-at a time. Peak extra memory is about ``chunk_tokens * V * 4`` bytes (times a small constant), in
-forward and in backward.
+-> gather for each chunk so that only each chunk's inputs (hidden slice, head weight) and its (n,)
+log-sum-exp are saved, and backward recomputes one chunk's logits at a time. An ``nn.Linear`` or
+weight-tensor head goes through ``_FusedChunk``, whose hand-written backward forms
+``onehot - softmax`` in place in one (n, V) buffer; another head module runs under
+``torch.utils.checkpoint.checkpoint(use_reentrant=False)``. Peak extra memory is about
+``chunk_tokens * V * 4`` bytes (times a small constant), in forward and in backward.
 
 Units: natural-log probabilities of ``softmax(lm_head(hidden) / temperature)``, the same
 distribution vLLM samples from and reports with ``logprobs_mode="processed_logprobs"`` (top-k/top-p
@@ -27,6 +29,55 @@ def _head_params(lm_head: torch.nn.Module | torch.Tensor):
     if isinstance(lm_head, torch.nn.Linear):
         return lm_head.weight, lm_head.bias
     return None
+
+
+class _FusedChunk(torch.autograd.Function):
+    """One chunk of an ``nn.Linear``/tensor head with a hand-written backward (no autograd graph).
+
+    Forward: logits (n, V) fp32 = hidden @ W^T + b, / T; lse; logp = z[target] - lse; optional entropy.
+    Backward recomputes the logits and turns them in place into d logp / d z = onehot - softmax(z)
+    (times the upstream gradient, / T), then two matmuls: a few passes over one (n, V) fp32 buffer
+    instead of autograd's chain (div, logsumexp, gather, where and their backwards), which made the
+    head the learner's largest cost on a GPU (docs/profile_learner.md). Saves only hidden, W, b,
+    targets and lse (n,).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, want_entropy: bool):
+        logits = F.linear(hidden.float(), weight, bias)  # (n, V) fp32
+        if temperature != 1.0:
+            logits.div_(temperature)
+        lse = torch.logsumexp(logits, dim=-1)  # (n,)
+        valid = targets >= 0
+        picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        logp = torch.where(valid, picked - lse, torch.zeros_like(lse))
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature = temperature
+        if not want_entropy:
+            return logp, None
+        logits.sub_(lse.unsqueeze(-1))  # log p, in place
+        entropy = -(logits.exp() * logits).sum(-1)  # H = -sum_v p_v log p_v
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        valid = targets >= 0
+        g = torch.where(valid, grad_logp, torch.zeros_like(grad_logp))  # (n,)
+        dz = F.linear(hidden.float(), weight, bias)  # recomputed logits (n, V)
+        if temperature != 1.0:
+            dz.div_(temperature)
+        dz.sub_(lse.unsqueeze(-1)).exp_().mul_(-g.unsqueeze(-1))  # -g * softmax(z)
+        rows = torch.arange(len(targets), device=dz.device)
+        dz[rows, targets.clamp(min=0)] += g  # + g * onehot(target); g = 0 on ignored positions
+        if temperature != 1.0:
+            dz.div_(temperature)  # z = logits / T
+        grad_hidden = (dz @ weight).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = dz.t() @ hidden.float() if ctx.needs_input_grad[1] else None
+        grad_bias = dz.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperature: float,
@@ -94,8 +145,13 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
     logps, entropies = [], []
     for start in range(0, b * t, chunk_tokens):
         end = min(start + chunk_tokens, b * t)
-        out = checkpoint(_chunk, flat_hidden[start:end], weight, bias, flat_targets[start:end],
-                         temperature, module, return_entropy, use_reentrant=False)
+        if module is None:  # a Linear head or a weight tensor: the fused chunk
+            logp, entropy = _FusedChunk.apply(flat_hidden[start:end], weight, bias, flat_targets[start:end],
+                                              temperature, return_entropy)
+            out = (logp, entropy) if return_entropy else logp
+        else:
+            out = checkpoint(_chunk, flat_hidden[start:end], weight, bias, flat_targets[start:end],
+                             temperature, module, return_entropy, use_reentrant=False)
         if return_entropy:
             logps.append(out[0])
             entropies.append(out[1])

@@ -1,0 +1,456 @@
+"""GPU pipeline benchmark (issue 7): every case in one run, a table last, then one JSON line.
+
+Cases (each in its own try/except, so one failure still reports the rest; partial results are
+written to ``--out`` after every case):
+
+- ``mfu``: learner tokens/s and MFU of one optimizer step (full fine-tuning, bf16, sdpa, fp32 chunked
+  head in TF32) on a random-init Qwen2.5 architecture, padded against packed micro-batches, with and
+  without gradient checkpointing; a torch profiler summary of one packed step (``profile_learner.txt``).
+  FLOPs are model FLOPs (recomputation not counted): ``6 * N_body`` per input token (N_body = the
+  decoder layers' matmul weights), ``6 * V * H`` per completion token (the head runs on completion
+  positions only), and causal attention ``6 * L * d_attn * layers`` per token of a sequence of L
+  tokens (half of the full L x L products, each sequence on its own). MFU = FLOPs / time / 790e12
+  (the bf16 matmul rate measured on an H200 of this workplace).
+- ``async``: the separate launchers (``distrl buffer``; ``distrl rollout --engine hf`` on GPU 0;
+  ``distrl learn`` on GPU 1 through CUDA_VISIBLE_DEVICES) to ``--versions`` policy versions with
+  ``--max_staleness 2`` and with ``--max_staleness 0``, all else equal (task ``half_vocab``: its
+  reward, the fraction of even token ids, varies within every group, so no version is skipped for
+  lack of signal, as it would be with a random model on a task it never solves). Wall time is taken between
+  the learner's versions 1 and N-1 (TensorBoard wall times; the start-up and the final checkpoint
+  are left out); learner idle = GET waits / wall in that window (``learner/idle_fraction_version``);
+  actor idle = 1 - generate time / wall in that window (``actor/generate_s``).
+- ``generate``: the HF engine fast path against plain ``generate``: read from
+  ``bench/results/gpu_generate.json`` (``bench/gpu_generate.py``, another case's script) when it is there.
+- ``trl``: TRL's GRPOTrainer on GPU 0 with the same model, group size, prompts, completion length
+  (``min_new_tokens = max_new_tokens``), batch and number of optimizer steps; completions/s between
+  steps 1 and N-1, against distrl's async run over the same window.
+
+Usage (GPU): ``python -m bench.gpu_pipeline --tokenizer DIR --out DIR``; on CPU with tiny sizes:
+``python -m bench.gpu_pipeline --tiny --tokenizer ../shared/data/tokenizers/qwen2.5``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_FLOPS = 790e12  # bf16 dense matmul, measured on an H200 of this workplace (KINDS.md)
+
+ARCHS = {  # random-init Qwen2.5 architectures (the weights' values do not change the speed)
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=151936, tie_word_embeddings=True),
+}
+
+
+def build_model(arch: str, tokenizer: str, out: Path) -> Path:
+    """Save a random-init Qwen2 of ``arch`` (bf16 on GPU) with ``tokenizer`` into ``out``."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    cfg = Qwen2Config(**ARCHS[arch], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                      bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def model_flops(cfg, seq_lens: list[int], completion_tokens: int, finetune: str = "full") -> float:
+    """Model FLOPs of one forward+backward (docstring of the module); full fine-tuning only."""
+    if finetune != "full":
+        raise ValueError("only --finetune full is counted here")
+    h, layers, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    head_dim = h // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads * head_dim
+    n_body = layers * (h * h + 2 * h * kv + h * h + 3 * h * inter)  # q, k, v, o, gate, up, down
+    tokens = sum(seq_lens)
+    attention = sum(6 * L * L * h * layers for L in seq_lens)  # causal: half of 12 * L^2 * d per layer
+    return 6 * n_body * tokens + 6 * cfg.vocab_size * h * completion_tokens + attention
+
+
+def synthetic_rows(n: int, group: int, prompt_len: int, completion_lens: list[int], vocab: int, seed: int = 0):
+    """``n`` completion rows (``n / group`` groups) of distrl.wire.COMPLETION_SCHEMA with random ids."""
+    from distrl.wire import table_from_rows
+
+    rnd = random.Random(seed)
+    rows = []
+    for i in range(n):
+        c = completion_lens[i % len(completion_lens)]
+        rows.append({"sample_id": f"s{i}", "group_id": f"g{i // group}", "prompt_id": f"p{i // group}",
+                     "actor_id": 0, "policy_version": 0, "last_policy_version": 0,
+                     "prompt_ids": [rnd.randrange(100, vocab - 1000) for _ in range(prompt_len)],
+                     "completion_ids": [rnd.randrange(100, vocab - 1000) for _ in range(c)],
+                     "behavior_logprobs": [-12.0] * c, "temperature": 1.0, "reward": float(i % 2),
+                     "reward_components": {"correct": float(i % 2)}, "advantage": 1.0 if i % 2 else -1.0,
+                     "finish_reason": "length", "prompt_text": "", "completion_text": "",
+                     "gen_start_time": time.time(), "gen_seconds": 0.0})
+    return table_from_rows(rows)
+
+
+def case_mfu(args, model_dir: Path, out: Path) -> dict:
+    """Learner step time, tokens/s and MFU: padded, packed, packed + checkpointing, packed + compiled layers."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    n, group, prompt_len = args.mfu_completions, 8, args.prompt_len
+    rnd = random.Random(1)
+    lens = [rnd.randint(args.max_new_tokens // 4, args.max_new_tokens) for _ in range(n)]  # varied lengths
+    table = synthetic_rows(n, group, prompt_len, lens, 151936)
+    seq_lens = [prompt_len + c - 1 for c in lens]
+    variants = [("padded", 0, False, False), ("packed", args.pack_tokens, False, False),
+                ("packed+ckpt", args.pack_tokens, True, False), ("packed+compile", args.pack_tokens, False, True)]
+    results = {}
+    for name, pack_tokens, ckpt, compiled in variants:
+        try:
+            results[name] = learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_tokens, ckpt,
+                                            compiled, n // group, group)
+        except Exception as exc:  # one variant failing leaves the others
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[-2000:], "mfu": 0.0}
+        print(f"mfu {name}: {results[name]}", flush=True)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    best = max(results, key=lambda k: results[k]["mfu"])
+    return {"arch": args.arch, "completions": n, "prompt_len": prompt_len, "completion_lens": [min(lens), max(lens)],
+            "input_tokens": sum(seq_lens), "pack_tokens": args.pack_tokens, "learner_chunk_size": args.chunk,
+            "variants": results, "best": best, "mfu": results[best]["mfu"]}
+
+
+def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_tokens, ckpt, compiled, groups, group):
+    """Median step time of one learner configuration on ``table``; profiles the ``packed`` one."""
+    import torch
+
+    from distrl.config import TrainConfig
+    from learn.learner import Learner
+
+    cuda = torch.cuda.is_available()
+    cfg = TrainConfig(model=str(model_dir), backend="hf", finetune="full", dtype="bfloat16" if cuda else "float32",
+                      learning_rate=1e-6, learner_chunk_size=args.chunk, learner_pack_tokens=pack_tokens,
+                      gradient_checkpointing=ckpt, learner_head_chunk_tokens=args.head_chunk,
+                      learner_compile=compiled, max_new_tokens=args.max_new_tokens, batch_size=groups,
+                      group_size=group)
+    lrn = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", str(model_dir))
+    flops = model_flops(lrn.model.config, seq_lens, sum(lens))
+    for _ in range(args.warmup):
+        lrn.train_step(table)
+    times = []
+    for _ in range(args.repeat):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        lrn.train_step(table)
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    step = sorted(times)[len(times) // 2]
+    mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    if name == "packed":
+        profile_step(lrn, table, out / "profile_learner.txt", cuda)
+    return {"step_s": step, "times_s": times, "tokens_per_s": sum(seq_lens) / step,
+            "mfu": flops / step / PEAK_FLOPS, "tflops": flops / step / 1e12, "peak_mem_gib": mem}
+
+
+def profile_step(lrn, table, path: Path, cuda: bool) -> None:
+    """torch.profiler table (top 25 ops by device time) of one learner step, written to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        lrn.train_step(table)
+        if cuda:
+            torch.cuda.synchronize()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    path.write_text(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scalar_events(tb_dir: Path, tag: str) -> list:
+    """[(step, wall_time, value)] of one TensorBoard scalar."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    ea.Reload()
+    if tag not in ea.Tags()["scalars"]:
+        return []
+    return [(e.step, e.wall_time, e.value) for e in ea.Scalars(tag)]
+
+
+def run_launchers(args, model_dir: Path, work: Path, staleness: int) -> dict:
+    """distrl buffer + rollout (GPU 0) + learn (GPU 1) to --versions versions; window metrics."""
+    run_name = f"async_s{staleness}"
+    port_b, port_pub, port_ep = free_port(), free_port(), free_port()
+    buf, pub, ep = (f"tcp://127.0.0.1:{p}" for p in (port_b, port_pub, port_ep))
+    common = ["--batch_size", str(args.batch_size), "--group_size", str(args.group_size),
+              "--max_staleness", str(staleness)]
+    role = ["--model", str(model_dir), "--task", "half_vocab", "--max_steps", str(args.versions),
+            "--max_new_tokens", str(args.max_new_tokens), "--finetune", "full", "--backend", "hf",
+            "--log_dir", str(work), "--run_name", run_name, "--learning_rate", "1e-6",
+            "--checkpoint_every", "0", "--export_final", "off", "--engine", "hf", *common,
+            "--weights_transport", args.weights_transport]
+    if args.weights_transport == "nccl":
+        role += ["--weights_broadcast_port", str(free_port())]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    gpus = ["0", "1"] if args.gpus >= 2 else ["0", "0"]
+    logs = work / f"{run_name}.logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "distrl.cli"]
+    procs = {
+        "buffer": subprocess.Popen(cli + ["buffer", "--run_dir", str(work / run_name / "buffer"), "--address", buf,
+                                          *common], cwd=ROOT, env=env, stdout=open(logs / "buffer.out", "w"),
+                                   stderr=subprocess.STDOUT),
+    }
+    time.sleep(2)
+    procs["learner"] = subprocess.Popen(
+        cli + ["learn", *role, "--buffer_address", buf, "--weights_pub_bind", pub, "--weights_endpoint_bind", ep,
+               "--learner_pack_tokens", str(args.pack_tokens), "--learner_chunk_size", str(args.chunk),
+               "--learner_head_chunk_tokens", str(args.head_chunk),
+               *(["--learner_compile"] if args.async_compile else [])],
+        cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[1]}, stdout=open(logs / "learner.out", "w"),
+        stderr=subprocess.STDOUT)
+    procs["actor"] = subprocess.Popen(
+        cli + ["rollout", *role, "--buffer_address", buf, "--weights_pub", pub, "--weights_endpoint", ep],
+        cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
+        stderr=subprocess.STDOUT)
+    try:
+        code = procs["learner"].wait(timeout=args.async_timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    for name in ("actor", "buffer", "learner"):
+        if procs[name].poll() is None:
+            procs[name].terminate()
+            try:
+                procs[name].wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                procs[name].kill()
+    if code != 0:
+        tail = (logs / "learner.out").read_text()[-2000:] + "\n--- actor ---\n" + (logs / "actor.out").read_text()[-2000:]
+        raise RuntimeError(f"learner exited with {code} (staleness {staleness}):\n{tail}")
+    tb = work / run_name / "tb"
+    versions = {s: (w, v) for s, w, v in scalar_events(tb / "learner0", "learner/idle_fraction_version")}
+    first, last = 1, args.versions - 1
+    wall = versions[last][0] - versions[first][0]
+    busy_wall = sum((versions[v][0] - versions[v - 1][0]) for v in range(first + 1, last + 1))
+    idle = sum(versions[v][1] * (versions[v][0] - versions[v - 1][0]) for v in range(first + 1, last + 1))
+    t0, t1 = versions[first][0], versions[last][0]
+    gen = [(w, v) for _, w, v in scalar_events(tb / "actor0", "actor/generate_s")]
+    gen_in = sum(min(v, w - t0) for w, v in gen if t0 < w <= t1)  # generate time inside the window
+    step_s = [v for _, _, v in scalar_events(tb / "learner0", "learner/tokens_per_s")]
+    toks = [v for _, _, v in scalar_events(tb / "actor0", "actor/tokens_per_s")]
+    return {"wall_s": wall, "versions_timed": last - first, "s_per_version": wall / (last - first),
+            "learner_idle": idle / busy_wall, "actor_idle": 1.0 - gen_in / wall,
+            "completions_per_s": (last - first) * args.batch_size * args.group_size / wall,
+            "actor_tokens_per_s": sum(toks) / max(len(toks), 1),
+            "learner_tokens_per_s": sum(step_s) / max(len(step_s), 1)}
+
+
+def case_async(args, model_dir: Path, out: Path) -> dict:
+    work = Path(args.work) / "async"
+    sync = run_launchers(args, model_dir, work, 0)
+    print(f"async staleness 0: {sync}", flush=True)
+    asy = run_launchers(args, model_dir, work, 2)
+    print(f"async staleness 2: {asy}", flush=True)
+    return {"staleness0": sync, "staleness2": asy, "speedup": sync["wall_s"] / asy["wall_s"],
+            "learner_idle": asy["learner_idle"], "actor_idle": asy["actor_idle"],
+            "settings": {"batch_size": args.batch_size, "group_size": args.group_size,
+                         "weights_transport": args.weights_transport, "learner_compile": args.async_compile,
+                         "max_new_tokens": args.max_new_tokens, "versions": args.versions, "gpus": args.gpus}}
+
+
+def case_generate(args, model_dir: Path, out: Path) -> dict:
+    path = Path(args.generate_result)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is not there: run bench/gpu_generate.py (the fast-path benchmark) first")
+    data = json.loads(path.read_text())
+    ratio = data.get("ratio_fast_vs_generate", data.get("fast_generate_vs_plain"))
+    return {"source": str(path), "ratio": ratio, "result": data}
+
+
+def case_trl(args, model_dir: Path, out: Path) -> dict:
+    """TRL GRPOTrainer, one GPU, same model/group/batch/lengths/steps; completions/s between steps 1 and N-1."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rollout.tasks import load_task
+
+    task = load_task("half_vocab", None, seed=0)
+    problems = task.problems(0)
+    prompts = [next(problems) for _ in range(args.batch_size * args.versions * 2)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = [task.prompt(p, tok) for p in prompts]  # the same prompt text distrl's actors send
+    ds = Dataset.from_dict({"prompt": texts})
+    stamps: list[float] = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            stamps.append(time.time())
+
+    n = args.batch_size * args.group_size
+    cuda = torch.cuda.is_available()
+    cfg = GRPOConfig(output_dir=str(Path(args.work) / "trl"), per_device_train_batch_size=n,
+                     gradient_accumulation_steps=1, num_generations=args.group_size, max_steps=args.versions,
+                     max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0,
+                     generation_kwargs={"min_new_tokens": args.max_new_tokens}, beta=0.0, learning_rate=1e-6,
+                     bf16=cuda, logging_steps=1, save_strategy="no", report_to="none", use_vllm=False,
+                     model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"}, seed=0,
+                     use_cpu=not cuda, dataloader_num_workers=0)
+
+    def reward(completions, completion_ids=None, **kw):  # distrl's half_vocab: fraction of even token ids
+        return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]
+
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=cfg, train_dataset=ds,
+                          processing_class=tok, callbacks=[Stamp()])
+    t0 = time.time()
+    trainer.train()
+    total = time.time() - t0
+    first, last = 1, args.versions - 1
+    wall = stamps[last - 1] - stamps[first - 1]
+    return {"wall_s": wall, "total_s": total, "steps_timed": last - first, "s_per_step": wall / (last - first),
+            "completions_per_s": (last - first) * n / wall, "gpus": 1}
+
+
+def table(results: dict) -> str:
+    rows = [("case", "result", "target", "met")]
+    m = results.get("learner_mfu")
+    if isinstance(m, dict) and "variants" in m:
+        for name, v in m["variants"].items():
+            rows.append((f"learner {name}", f"{v['tokens_per_s']:.0f} tok/s, MFU {v['mfu']:.1%}, "
+                         f"{v['peak_mem_gib']:.1f} GiB", ">= 40% MFU", "yes" if v["mfu"] >= 0.4 else "no"))
+    a = results.get("async")
+    if isinstance(a, dict) and "speedup" in a:
+        rows.append(("async s2 vs s0", f"{a['speedup']:.2f}x ({a['staleness0']['s_per_version']:.2f} -> "
+                     f"{a['staleness2']['s_per_version']:.2f} s/version)", ">= 1.8x",
+                     "yes" if a["speedup"] >= 1.8 else "no"))
+        rows.append(("learner idle (s2)", f"{a['learner_idle']:.1%} (s0: {a['staleness0']['learner_idle']:.1%})",
+                     "< 10%", "yes" if a["learner_idle"] < 0.1 else "no"))
+        rows.append(("actor idle (s2)", f"{a['actor_idle']:.1%} (s0: {a['staleness0']['actor_idle']:.1%})", "-", "-"))
+    t = results.get("trl")
+    if isinstance(t, dict) and "completions_per_s" in t and isinstance(a, dict) and "staleness2" in a:
+        d = a["staleness2"]["completions_per_s"]
+        rows.append(("vs TRL GRPOTrainer", f"distrl {d:.1f} vs TRL {t['completions_per_s']:.1f} compl/s = "
+                     f"{d / t['completions_per_s']:.2f}x", ">= 3x", "yes" if d / t["completions_per_s"] >= 3 else "no"))
+    g = results.get("generate")
+    if isinstance(g, dict) and "result" in g:
+        ok = isinstance(g.get("ratio"), (int, float)) and g["ratio"] >= 2
+        rows.append(("fast generate vs plain", f"{g.get('ratio')}x (from {Path(g['source']).name})", ">= 2x",
+                     "yes" if ok else "no"))
+    for k, v in results.items():
+        if isinstance(v, dict) and "error" in v:
+            rows.append((k, "FAILED: " + v["error"].splitlines()[-1][:80], "", "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
+    p.add_argument("--tokenizer", default=str(ROOT.parent / "shared" / "data" / "tokenizers" / "qwen2.5"))
+    p.add_argument("--arch", default=None, help="model architecture (default qwen2.5-0.5b; tiny with --tiny)")
+    p.add_argument("--cases", default="mfu,async,trl,generate")
+    p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
+    p.add_argument("--work", default="/tmp/gpu_pipeline")
+    p.add_argument("--gpus", type=int, default=None)
+    p.add_argument("--versions", type=int, default=None)
+    p.add_argument("--batch_size", type=int, default=None, help="groups per version")
+    p.add_argument("--group_size", type=int, default=8)
+    p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--prompt_len", type=int, default=64, help="prompt tokens of the learner case's rows")
+    p.add_argument("--mfu_completions", type=int, default=None)
+    p.add_argument("--pack_tokens", type=int, default=None)
+    p.add_argument("--chunk", type=int, default=None, help="--learner_chunk_size")
+    p.add_argument("--head_chunk", type=int, default=None, help="--learner_head_chunk_tokens")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--async_timeout_s", type=int, default=240)
+    p.add_argument("--weights_transport", default="fs", choices=["fs", "zmq", "nccl"],
+                   help="async case: how the actor gets each version (nccl: GPU-to-GPU broadcast, full weights)")
+    p.add_argument("--async_compile", action="store_true", help="async case: the learner runs --learner_compile")
+    p.add_argument("--generate_result", default=str(ROOT / "bench" / "results" / "gpu_generate.json"),
+                   help="bench/gpu_generate.py's JSON (the fast-path case reads it; it runs on its own)")
+    p.add_argument("--reuse", default=None, help="a gpu_pipeline.json whose case results are kept; only --cases "
+                   "run again (e.g. to add the generate case, or redo one that failed)")
+    args = p.parse_args(argv)
+    big = not args.tiny
+    defaults = dict(arch="qwen2.5-0.5b" if big else "tiny", versions=5 if big else 4, batch_size=32 if big else 2,
+                    max_new_tokens=256 if big else 16, mfu_completions=256 if big else 16,
+                    pack_tokens=2048 if big else 256, chunk=64 if big else 8, head_chunk=8192 if big else 256)
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.tiny:
+        args.warmup, args.repeat = 1, 1
+    import torch
+
+    if args.gpus is None:
+        args.gpus = torch.cuda.device_count()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    machine = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+               if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores), torch {torch.__version__}")
+    results: dict = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                     "machine": machine, "args": vars(args)}
+    if args.reuse:
+        results = json.loads(Path(args.reuse).read_text())
+        results = results.get("details", results)  # gpu_pipeline.json or gpu_pipeline.partial.json
+        machine = results["machine"]
+    needs_model = any(c in ("mfu", "async", "trl") for c in args.cases.split(","))
+    model_dir = build_model(args.arch, args.tokenizer, Path(args.work) / f"model-{args.arch}") if needs_model else None
+    cases = {"mfu": ("learner_mfu", case_mfu), "async": ("async", case_async), "trl": ("trl", case_trl),
+             "generate": ("generate", case_generate)}
+    for name in args.cases.split(","):
+        key, fn = cases[name]
+        t0 = time.time()
+        try:
+            results[key] = fn(args, model_dir, out)
+        except Exception as exc:  # one failed case must not hide the others
+            traceback.print_exc()
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
+        results[key]["case_s"] = time.time() - t0
+        (out / "gpu_pipeline.partial.json").write_text(json.dumps(results, indent=1, default=str))
+    a, t, m, g = (results.get(k, {}) for k in ("async", "trl", "learner_mfu", "generate"))
+    summary = {
+        "async_speedup": a.get("speedup"), "learner_idle": a.get("learner_idle"), "actor_idle": a.get("actor_idle"),
+        "learner_mfu": m.get("mfu"),
+        "fast_generate_vs_plain": g.get("ratio"),
+        "vs_trl": (a["staleness2"]["completions_per_s"] / t["completions_per_s"]
+                   if "staleness2" in a and "completions_per_s" in t else None),
+        "date": results["date"], "machine": machine, "details": results,
+    }
+    (out / "gpu_pipeline.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(table(results))
+    print(json.dumps({k: v for k, v in summary.items() if k != "details"}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
