@@ -160,11 +160,14 @@ class BufferClient:
         return [int(s) for s in header.fields["seq_nos"]]
 
     def get(self, learner_version: int, rank: int = 0, world_size: int = 1, poll_s: float = 0.02,
-            timeout_s: float | None = None) -> pa.Table:
+            timeout_s: float | None = None, on_wait=None) -> pa.Table:
         """This rank's shard of the selection for ``learner_version``, asking again every ``poll_s`` s
         while the buffer answers WAIT.
 
         ``timeout_s`` None waits without limit (warning each minute); otherwise TimeoutError after it.
+        ``on_wait``: called (no arguments) after each WAIT reply instead of the sleep; when it returns
+        a true value (it did work, e.g. generated a group) the GET is asked again at once, else the
+        sleep follows.
         """
         start = time.monotonic()
         next_warning = start + 60.0
@@ -184,7 +187,8 @@ class BufferClient:
                 log.warning("still waiting for a batch for version %d after %.0fs (%s)",
                             learner_version, now - start, have)
                 next_warning = now + 60.0
-            time.sleep(poll_s)
+            if on_wait is None or not on_wait():
+                time.sleep(poll_s)
 
     def credits(self, want: int) -> dict[str, int]:
         """Ask for ``want`` groups of generation: ``{granted, learner_version, min_policy_version, stop, full}``.

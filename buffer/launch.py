@@ -33,6 +33,7 @@ def run(cfg: BufferConfig) -> dict:
         signal.signal(sig, lambda *_: stop.set())
     server = BufferServer(cfg.address, run_dir, cfg.batch_size, cfg.max_staleness, cfg.k, cfg.group_size,
                           cfg.tb_dir or run_dir / "tb" / "buffer0", resume=cfg.resume is not None,
+                          resume_version=cfg.resume_version,
                           curve_secret_key=cfg.curve_secret_key, curve_client_keys=cfg.curve_client_keys,
                           **buffer_options(cfg))
     try:

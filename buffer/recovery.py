@@ -11,12 +11,14 @@ every group unused.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 
-from buffer.segments import read_consumed, read_groups
+from buffer.segments import CONSUMED_FILE, read_consumed, read_groups
 from buffer.store import GroupStore
 
 
@@ -32,13 +34,39 @@ def _last_selection(records: list[dict]) -> tuple[int | None, list[dict]]:
     return last, [shards[rank] for rank in range(world_size)]
 
 
-def restore_store(store: GroupStore, directory: str | os.PathLike, use_consumed: bool = True) -> dict:
+def roll_back_consumed(directory: str | os.PathLike, until_version: int) -> int:
+    """Drop the consumption records of versions > ``until_version`` (a learner that crashed after its
+    last checkpoint never finished training on them): ``consumed.jsonl`` is rewritten through a
+    temporary file and a rename, the dropped lines appended to ``consumed.rolled_back.jsonl``.
+    Returns how many records were dropped (0 leaves the files untouched)."""
+    path = Path(directory) / CONSUMED_FILE
+    records = read_consumed(directory)
+    keep = [r for r in records if r["learner_version"] <= until_version]
+    dropped = [r for r in records if r["learner_version"] > until_version]
+    if not dropped:
+        return 0
+    with open(path.with_name("consumed.rolled_back.jsonl"), "a", encoding="utf-8") as out:
+        out.writelines(json.dumps(r) + "\n" for r in dropped)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(dropped)
+
+
+def restore_store(store: GroupStore, directory: str | os.PathLike, use_consumed: bool = True,
+                  until_version: int | None = None) -> dict:
     """Load every complete group of the log under ``directory`` into ``store`` (see the module docstring).
 
+    ``until_version``: the learners resume from this version's checkpoint, so selections made for
+    later versions are rolled back first (:func:`roll_back_consumed`) and their groups served again.
     Returns ``{"groups": groups read, "held": groups now in memory, "consumed": groups used at least
-    once, "learner_version": version resumed from}``. Raises ValueError on a corrupt log (another
-    schema, a repeated sample id), buffer.store.BufferFull if the held groups exceed the bounds.
+    once, "learner_version": version resumed from, "rolled_back": consumption records dropped}``.
+    Raises ValueError on a corrupt log (another schema, a repeated sample id),
+    buffer.store.BufferFull if the held groups exceed the bounds.
     """
+    rolled_back = 0
+    if use_consumed and until_version is not None:
+        rolled_back = roll_back_consumed(directory, until_version)
     records = read_consumed(directory) if use_consumed else []
     version, last = _last_selection(records)
     if version is None:  # drop a half-written last selection: its groups were never handed out
@@ -60,4 +88,4 @@ def restore_store(store: GroupStore, directory: str | os.PathLike, use_consumed:
         if all(s in index for rec in last for s in rec["sample_ids"]):  # else retention deleted a segment
             store.restore_selection(version, [table.take([index[s] for s in rec["sample_ids"]]) for rec in last])
     return {"groups": groups, "held": store.stats()["groups"], "consumed": len(uses),
-            "learner_version": store.learner_version}
+            "learner_version": store.learner_version, "rolled_back": rolled_back}

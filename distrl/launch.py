@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from distrl.config import LearnConfig, RolloutConfig, TrainConfig
-from distrl.trainer import setup_logging
+from distrl.faults import read_role_file, write_role_file
+from distrl.trainer import set_torch_threads, setup_logging
 
 log = logging.getLogger("distrl.launch")
 
@@ -23,6 +24,7 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / f"config.{role}.json").write_text(cfg.to_json())
     setup_logging(run_dir / "logs" / f"{role}.log")
+    set_torch_threads(cfg.torch_threads)
     model_dir = cfg.model
     if cfg.model == "tiny":
         from distrl.tiny import build_tiny_model
@@ -40,6 +42,7 @@ def run_learn(cfg: LearnConfig) -> dict:
         raise ValueError(f"--number_of_learners {cfg.number_of_learners} but WORLD_SIZE is {world}: start "
                          f"N learners with `torchrun --nproc_per_node N` and pass --number_of_learners N")
     run_dir, model_dir = role_dir(cfg, f"learner{rank}")
+    write_role_file(run_dir, f"learner{rank}")
     from distrl.weights import DirectoryTransport, WeightPublisher
     from distrl.weights.base import endpoint_host
     from learn.learner import Learner
@@ -54,12 +57,23 @@ def run_learn(cfg: LearnConfig) -> dict:
                       broadcast_host=endpoint_host(cfg.weights_endpoint_bind), run_dir=run_dir)
     if cfg.resume:
         learner.resume()
+    generator = None  # --learner_generates: rollouts from this learner's model while its GET waits
+    if cfg.learner_generates:
+        from rollout.colocated import LearnerGenerator
+
+        generator = LearnerGenerator(cfg, rank, learner.model, cfg.buffer_address, model_dir,
+                                     tb_dir=str(run_dir / "tb" / f"learner{rank}gen"))
+        learner.while_waiting = generator.generate_once
     try:
         result = learner.run()
+        if generator is not None:
+            result["generated"] = generator.summary()
         if publisher is not None and not publisher.linger(cfg.number_of_actors):  # actors fetch the last version
             log.warning("learner0: not every actor came for the final version within the time limit")
     finally:
         learner.close()
+        if generator is not None:
+            generator.close()
         if publisher is not None:
             publisher.close()
     log.info("learner%d: done at version %d", rank, result["version"])
@@ -67,8 +81,11 @@ def run_learn(cfg: LearnConfig) -> dict:
 
 
 def run_rollout(cfg: RolloutConfig) -> dict:
-    """Run one rollout actor until the buffer says stop."""
+    """Run one rollout actor until the buffer says stop. Started again in the same run directory (its
+    role file is there) it rejoins: fresh sampling seeds, the latest weights (docs/faults.md)."""
     run_dir, model_dir = role_dir(cfg, f"actor{cfg.actor_id}")
+    rejoin = read_role_file(run_dir, f"actor{cfg.actor_id}") is not None  # this actor ran here before
+    write_role_file(run_dir, f"actor{cfg.actor_id}")
     from rollout.actor import ActorEndpoints, RolloutActor
     from rollout.engines import cpu_engine_env
 
@@ -83,7 +100,7 @@ def run_rollout(cfg: RolloutConfig) -> dict:
             os.environ.setdefault(key, value)
     endpoints = ActorEndpoints(cfg.buffer_address, cfg.weights_pub, cfg.weights_endpoint)
     actor = RolloutActor(cfg, cfg.actor_id, endpoints, model_dir, work_dir=str(run_dir),
-                         tb_dir=str(run_dir / "tb" / f"actor{cfg.actor_id}"))
+                         tb_dir=str(run_dir / "tb" / f"actor{cfg.actor_id}"), rejoin=rejoin and not cfg.resume)
     try:
         return actor.run()
     finally:

@@ -8,6 +8,10 @@ The roles are thin Ray actors around the plain classes (`buffer.server.BufferSer
             -> SHUTDOWN buffer -> summary
 
 Any role that raises ends the run: the driver re-raises its error after shutting the others down.
+Faults (docs/faults.md): Ray restarts a dead rollout actor (--max_actor_restarts), which rejoins; a
+watchdog reads the buffer's last-seen times and restarts a stuck actor or ends the run on a stuck
+learner or buffer (--heartbeat_timeout_s); SIGINT/SIGTERM flush the buffer, write summary.json
+saying so and stop every process (exit 130/143).
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ import time
 from pathlib import Path
 
 from distrl.config import TrainConfig, buffer_options
+from distrl.console import start_console
+from distrl.faults import as_interrupted, end_early, raise_on_signals, watch_roles, write_role_file
+from distrl.placement import reserve
+from distrl.report import write_report
 
 log = logging.getLogger("distrl.trainer")
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -66,6 +74,8 @@ def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
     resumed = TrainConfig(**saved)
     (run_dir / "config.json").write_text(resumed.to_json())
     model_dir = str(run_dir / "model") if resumed.model == "tiny" else resumed.model
+    if (run_dir / "warm_start" / "config.json").is_file():  # --warm_start_steps: the run's base model
+        model_dir = str(run_dir / "warm_start")
     return resumed, run_dir, model_dir
 
 
@@ -81,27 +91,33 @@ def _roles():
 
     @ray.remote(num_cpus=0)
     class BufferRole:
-        def __init__(self, cfg: TrainConfig, run_dir: str):
+        def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None):
             from buffer.server import BufferServer
 
+            write_role_file(run_dir, "buffer0")
             setup_logging(Path(run_dir) / "logs" / "buffer0.log")
             self.server = BufferServer(f"tcp://{cfg.host}:0", run_dir, batch_size=cfg.batch_size,
                                        max_staleness=cfg.max_staleness, topk=cfg.k, group_size=cfg.group_size,
                                        tb_dir=str(Path(run_dir) / "tb" / "buffer0"), resume=bool(cfg.resume),
-                                       **buffer_options(cfg))
+                                       resume_version=resume_version, **buffer_options(cfg))
 
         def address(self) -> str:
             return self.server.address
 
         def serve(self) -> dict:
-            self.server.serve()
-            return self.server.store.stats()
+            try:
+                self.server.serve()
+                return self.server.store.stats()
+            finally:  # segment and consumption logs, metrics: closed (flushed) however serving ends
+                self.server.close()
 
     @ray.remote(num_cpus=0)
     class LearnerRole:
         def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
                      dist_address: str):
+            write_role_file(run_dir, f"learner{rank}")
             setup_logging(Path(run_dir) / "logs" / f"learner{rank}.log")
+            set_torch_threads(cfg.torch_threads)
             if cfg.number_of_learners > 1:
                 import torch.distributed as dist
 
@@ -120,16 +136,37 @@ def _roles():
             if cfg.resume:
                 self.learner.resume()
 
+            self.generator = None  # --learner_generates: rollouts from the learner's own model while it waits
+            if cfg.learner_generates:
+                from rollout.colocated import LearnerGenerator
+
+                self.generator = LearnerGenerator(cfg, rank, self.learner.model, buffer_address, model_dir,
+                                                  tb_dir=str(Path(run_dir) / "tb" / f"learner{rank}gen"))
+                self.learner.while_waiting = self.generator.generate_once
+
         def weight_addresses(self) -> tuple[str, str] | None:
             return self.publisher.addresses if self.publisher else None
 
+        def accelerator_ids(self) -> list[str]:
+            return _accelerator_ids()
+
         def run(self) -> dict:
-            return self.learner.run()
+            result = self.learner.run()
+            if self.generator is not None:
+                result["generated"] = self.generator.summary()
+                self.generator.close()
+            return result
 
     @ray.remote(num_cpus=0)
     class RolloutRole:
         def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
+            write_role_file(run_dir, f"actor{actor_id}")
             setup_logging(Path(run_dir) / "logs" / f"actor{actor_id}.log")
+            set_torch_threads(cfg.torch_threads)
+            rejoin = ray.get_runtime_context().was_current_actor_reconstructed  # restarted by Ray
+            if rejoin:
+                logging.getLogger("distrl.actor").warning("actor%d: restarted (pid %d): rejoining the run",
+                                                          actor_id, os.getpid())
             if not _cuda():
                 from rollout.engines import cpu_engine_env
 
@@ -137,12 +174,30 @@ def _roles():
             from rollout.actor import RolloutActor
 
             self.actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=run_dir,
-                                      tb_dir=str(Path(run_dir) / "tb" / f"actor{actor_id}"))
+                                      tb_dir=str(Path(run_dir) / "tb" / f"actor{actor_id}"), rejoin=rejoin)
+
+        def accelerator_ids(self) -> list[str]:
+            return _accelerator_ids()
 
         def run(self) -> dict:
             return self.actor.run()
 
     return BufferRole, LearnerRole, RolloutRole
+
+
+def _accelerator_ids() -> list[str]:
+    """The GPU ids Ray assigned to the calling role (empty without GPUs)."""
+    import ray
+
+    return list(ray.get_runtime_context().get_accelerator_ids().get("GPU", []))
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """`--torch_threads`: torch.set_num_threads in this role's process (None: leave torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _cuda() -> bool:
@@ -151,8 +206,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _wait_all(main_refs: list, side_refs: list, timeout_s: float | None = None) -> list:
-    """Wait for `main_refs`; re-raise at once the error of any ref (main or side) that fails."""
+def _wait_all(main_refs: list, side_refs: list, timeout_s: float | None = None, watch=None) -> list:
+    """Wait for `main_refs`; re-raise at once the error of any ref (main or side) that fails; call
+    `watch()` (the liveness check) every few seconds meanwhile."""
     import ray
 
     pending, deadline = list(main_refs) + list(side_refs), None if timeout_s is None else time.time() + timeout_s
@@ -160,9 +216,29 @@ def _wait_all(main_refs: list, side_refs: list, timeout_s: float | None = None) 
         done, pending = ray.wait(pending, num_returns=1, timeout=5.0)
         for ref in done:
             ray.get(ref)  # raises the role's exception
+        if watch is not None:
+            watch()
         if deadline is not None and time.time() > deadline:
             raise TimeoutError(f"roles did not finish within {timeout_s}s")
     return ray.get(main_refs)
+
+
+def _connect_ray(cfg: TrainConfig) -> bool:
+    """Join --ray_address, reuse a Ray this process already started, or start a local cluster.
+
+    Returns True when this call started (and so must shut down) the connection.
+    """
+    import ray
+
+    if ray.is_initialized():  # e.g. a test or a notebook that called ray.init(num_gpus=...) itself
+        return False
+    if cfg.ray_address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        ray.init(include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    else:
+        ray.init(address=cfg.ray_address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    return True
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -172,6 +248,7 @@ def train(cfg: TrainConfig) -> dict:
     from buffer.client import BufferClient
     from rollout.actor import ActorEndpoints
 
+    began = time.time()  # the whole command, warm start included (report's wall_s)
     if cfg.resume:
         cfg, run_dir, model_dir = resume_run_dir(cfg)
     else:
@@ -179,39 +256,83 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
-    if cfg.ray_address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
-    else:
-        ray.init(address=cfg.ray_address)
+    if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
+        from learn.sft import warm_start_run
+
+        model_dir = warm_start_run(cfg, run_dir, model_dir)
+    owns_ray = _connect_ray(cfg)
+    raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
     start = time.time()
+    placement = buffer_address = buffer_ref = watchdog = console = None
+    buffer, learners, actors = None, [], []
     try:
+        placement = reserve(cfg)
         BufferRole, LearnerRole, RolloutRole = _roles()
-        buffer = BufferRole.remote(cfg, str(run_dir))
+        buffer = BufferRole.remote(cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
         buffer_address = ray.get(buffer.address.remote())
         buffer_ref = buffer.serve.remote()
+        console = start_console(cfg.console, buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
         dist_address = f"tcp://{cfg.host}:{_free_port(cfg.host)}"
-        learners = [LearnerRole.remote(cfg, r, buffer_address, model_dir, str(run_dir), dist_address)
+        learners = [LearnerRole.options(**placement.options(f"learner{r}")).remote(
+                        cfg, r, buffer_address, model_dir, str(run_dir), dist_address)
                     for r in range(cfg.number_of_learners)]
         pub, latest = ray.get(learners[0].weight_addresses.remote())
         endpoints = ActorEndpoints(buffer_address, pub, latest)
-        actors = [RolloutRole.remote(cfg, i, endpoints, model_dir, str(run_dir)) for i in range(cfg.number_of_actors)]
+        restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
+        actors = [RolloutRole.options(**restarts, **placement.options(f"actor{i}")).remote(cfg, i, endpoints,
+                                                                                           model_dir, str(run_dir))
+                  for i in range(cfg.number_of_actors)]
+        gpu_ids = {f"learner{r}": ray.get(lr.accelerator_ids.remote()) for r, lr in enumerate(learners)}
+        gpu_ids.update({f"actor{i}": ray.get(a.accelerator_ids.remote()) for i, a in enumerate(actors)})
+        log.info("placement (GPUs per actor %g, per learner %g): %s", placement.gpus_per_actor,
+                 placement.gpus_per_learner, gpu_ids)
         actor_refs = [a.run.remote() for a in actors]
-        learner_results = _wait_all([lr.run.remote() for lr in learners], actor_refs + [buffer_ref])
-        actor_results = _wait_all(actor_refs, [buffer_ref], timeout_s=600)
+        learner_refs = [lr.run.remote() for lr in learners]
+        roles = {"buffer0": (buffer, buffer_ref),
+                 **{f"learner{r}": (lr, ref) for r, (lr, ref) in enumerate(zip(learners, learner_refs))},
+                 **{f"actor{i}": (a, ref) for i, (a, ref) in enumerate(zip(actors, actor_refs))}}
+        watchdog, watch = watch_roles(cfg, run_dir, buffer_address, roles)
+        learner_results = _wait_all(learner_refs, actor_refs + [buffer_ref], watch=watch)
+        actor_results = _wait_all(actor_refs, [buffer_ref], timeout_s=600, watch=watch)
         client = BufferClient(buffer_address, "driver", timeout_s=10)
         client.shutdown()
         client.close()
         buffer_stats = ray.get(buffer_ref, timeout=60)
+    except (Exception, KeyboardInterrupt) as exc:  # a signal, a stuck or a failed role: flush the buffer, say why
+        reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else exc
+        end_early(reason, run_dir, start, buffer_address, buffer_ref)
+        if reason is not exc:  # Ray's blocking calls turn Interrupted into a plain KeyboardInterrupt
+            raise reason from None
+        raise
     finally:
-        ray.shutdown()
-    summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - start,
+        if console is not None:
+            console.stop()
+        if watchdog is not None:
+            watchdog.close()
+        if not owns_ray:  # a cluster we joined lives on: end our roles so their GPUs are free again
+            for handle in [buffer, *learners, *actors]:
+                if handle is not None:
+                    ray.kill(handle)
+        if placement is not None:
+            placement.release()
+        if owns_ray:
+            ray.shutdown()
+    summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,
+               "train_wall_s": time.time() - start,
+               "gpu_ids": gpu_ids, "learner_generated": [r.get("generated") for r in learner_results],
                "actors": actor_results, "buffer": buffer_stats,
                "reward_by_version": [h["learner/reward_mean"] for h in learner_results[0]["history"]]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
+    summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON
     return summary
+
+
+def _checkpoint_version(run_dir: Path) -> int:
+    """Version of the newest complete learner checkpoint under `<run_dir>/ckpt/` (0: none); the buffer
+    rolls back selections made after it (learn.checkpoint writes `state.json` last, then renames)."""
+    states = sorted((run_dir / "ckpt").glob("v[0-9]*/state.json"))
+    return json.loads(states[-1].read_text())["version"] if states else 0
 
 
 def _print_summary(s: dict) -> None:
@@ -221,6 +342,11 @@ def _print_summary(s: dict) -> None:
           f"duplicates: {s['buffer'].get('duplicates')}")
     for a in s["actors"]:
         print(f"  actor{a['actor_id']}: {a['groups']} groups, last policy version {a['last_version']}")
+    for g in s.get("learner_generated") or []:
+        if g:
+            print(f"  {g['name']} (--learner_generates): {g['groups']} groups in {g['generate_s']:.1f}s")
+    if any(s.get("gpu_ids", {}).values()):
+        print(f"  GPU ids: {s['gpu_ids']}")
     if rewards:
         print(f"  reward: first version {rewards[0]:.3f}, last version {rewards[-1]:.3f}")
     print(f"  run directory: {s['run_dir']}")

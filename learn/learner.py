@@ -19,6 +19,11 @@ weights along its momentum; the learner then skips the forward, backward and opt
 advances the learning-rate schedule, increments the version (the weights are unchanged) and publishes
 it, and logs ``learner/skipped_step = 1``: actors and the buffer keep their version contract.
 
+With ``--truncation mask`` (DAPO's overlong filtering) completions cut at the length limit get no loss
+and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards still count in the
+version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
+``learn.model.export_final``).
+
 Works under Ray (``distrl.trainer.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``learn.distributed``).
 """
@@ -42,11 +47,12 @@ from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint,
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.model import body_and_head, frozen_reference, load_policy, reference_context, save_for_publish
+from learn.model import (body_and_head, export_final, frozen_reference, load_policy, reference_context,
+                         save_for_publish)
 from learn.offpolicy import OffPolicyConfig
 from learn.optim import build_optimizer
 
-__all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config"]
+__all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config", "pack"]
 log = logging.getLogger("distrl.learner")
 
 
@@ -55,6 +61,11 @@ class MicroBatch:
     """Right-padded tensors of b completions; position t predicts token t+1 of prompt+completion.
 
     input_ids, attention_mask, targets, mask, behavior_logprobs: (b, L-1); advantages: (b,).
+    Packed (:func:`pack`): the model instead runs on ``packed_ids`` and ``packed_positions`` (R, P):
+    the b sequences laid end to end in R rows of at most ``--learner_pack_tokens`` tokens, positions
+    restarting at 0 at each sequence, so attention stays inside each sequence; ``packed_index`` (n,)
+    gives, for each completion position ``mask > 0`` of the padded layout (row-major), its flat index
+    into the (R * P) packed positions. The loss still reads the padded (b, L-1) tensors.
     """
 
     input_ids: torch.Tensor
@@ -63,10 +74,14 @@ class MicroBatch:
     mask: torch.Tensor
     behavior_logprobs: torch.Tensor
     advantages: torch.Tensor
+    packed_ids: Optional[torch.Tensor] = None
+    packed_positions: Optional[torch.Tensor] = None
+    packed_index: Optional[torch.Tensor] = None
 
     def to(self, device: torch.device) -> "MicroBatch":
         """The same micro-batch on ``device`` (the model's)."""
-        return MicroBatch(*(getattr(self, f.name).to(device) for f in fields(self)))
+        return MicroBatch(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                            for f in fields(self)))
 
 
 def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = None) -> MicroBatch:
@@ -93,6 +108,48 @@ def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = N
     return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32))
 
 
+def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
+    """``mb`` with its sequences packed into rows of at most ``pack_tokens`` tokens (no padding waste).
+
+    First-fit decreasing: each sequence (its ``attention_mask`` length) goes into the first row with
+    room, longest first; one longer than ``pack_tokens`` gets a row of its own. Rows are right-padded
+    to the fullest row's length; the padding is a segment of its own (positions from 0) that no
+    completion position reads. transformers (>= 5) turns position ids that restart at 0 into a
+    block-diagonal causal mask when no attention mask is given (``masking_utils``,
+    ``find_packed_sequence_indices``), for the sdpa and eager attention of Qwen2/Llama-like models.
+    Raises ValueError for ``pack_tokens < 1``.
+    """
+    if pack_tokens < 1:
+        raise ValueError(f"--learner_pack_tokens must be >= 1 to pack, got {pack_tokens}")
+    lengths = mb.attention_mask.sum(1).tolist()  # (b,) tokens of each sequence
+    rows: list[list[int]] = []  # sequence indices per row
+    fill: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        j = next((j for j, f in enumerate(fill) if f + lengths[i] <= pack_tokens), None)
+        if j is None:
+            rows.append([])
+            fill.append(0)
+            j = len(rows) - 1
+        rows[j].append(i)
+        fill[j] += lengths[i]
+    width = max(fill)
+    packed_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.zeros((len(rows), width), dtype=torch.long)
+    start = torch.zeros(len(lengths), dtype=torch.long)  # flat packed index of each sequence's token 0
+    for r, seqs in enumerate(rows):
+        offset = 0
+        for i in seqs:
+            n = lengths[i]
+            packed_ids[r, offset:offset + n] = mb.input_ids[i, :n]
+            positions[r, offset:offset + n] = torch.arange(n)
+            start[i] = r * width + offset
+            offset += n
+        positions[r, offset:] = torch.arange(width - offset)  # padding: its own segment
+    seq, pos = (mb.mask > 0).nonzero(as_tuple=True)  # row-major, as mb.mask > 0 selects
+    return MicroBatch(mb.input_ids, mb.attention_mask, mb.targets, mb.mask, mb.behavior_logprobs, mb.advantages,
+                      packed_ids, positions, start[seq] + pos)
+
+
 def loss_config(cfg: TrainConfig) -> LossConfig:
     """The objective of ``cfg`` (``dr_grpo`` is GRPO's clipped ratio with its own aggregation)."""
     eps = cfg.clip_eps
@@ -115,7 +172,7 @@ class Learner:
                  run_dir: str | Path | None = None):
         from buffer.client import BufferClient
 
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg, self.rank, self.world_size, self.model_dir = cfg, rank, world_size, model_dir
         torch.manual_seed(cfg.seed)
         self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len or 2048,
                                  cfg.seed, finetune=cfg.finetune, backend=cfg.backend,
@@ -123,6 +180,20 @@ class Learner:
         self.body, self.head = body_and_head(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device = self.params[0].device
+        if cfg.learner_pack_tokens and cfg.backend == "unsloth" and self.device.type == "cuda":
+            raise ValueError("--learner_pack_tokens needs --backend hf on a GPU: Unsloth's own attention "
+                             "does not split packed rows at position-id restarts")
+        if cfg.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.train()  # Qwen2/Llama have no dropout by default; LoRA is built with lora_dropout=0
+        if cfg.learner_compile and self.device.type == "cuda":
+            for layer in self.body.layers:
+                layer.compile(dynamic=True)
+        if self.device.type == "cuda" and self.params[0].dtype in (torch.bfloat16, torch.float16):
+            # The fp32 head multiplies bf16-valued hidden states and weights: TF32 inputs hold bf16 values
+            # exactly, so the forward logits keep fp32 accumulation at tensor-core speed. (An fp32 model
+            # keeps full fp32 matmuls.)
+            torch.backends.cuda.matmul.allow_tf32 = True
         broadcast_params(self.params, world_size)
         self.optimizer, self.scheduler = build_optimizer(self.params, cfg.learning_rate, cfg.lr_warmup_steps,
                                                          cfg.max_steps, cfg.lr_schedule)
@@ -145,16 +216,24 @@ class Learner:
                                                cfg.number_of_actors, self.device)
         self.metrics = Metrics(tb_dir)
         self.version = 0
+        # Called as while_waiting(version) each time a GET has to wait (--learner_generates sets it to
+        # generate with this model); returns True if it did work, False to let the GET sleep instead.
+        self.while_waiting = None
 
     # ---- one micro-batch ---------------------------------------------------------------------
 
     def _logprobs(self, body, head, mb: MicroBatch, entropy: bool):
         """Learner logprobs (b, T) fp32, zero off the completion [, entropy (n,)]; the head runs on
         completion positions only (prompt logits are never needed)."""
-        hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
         sel = mb.mask > 0
-        out = token_logprobs(hidden[sel].unsqueeze(0), head, mb.targets[sel].unsqueeze(0), self.cfg.temperature,
-                             return_entropy=entropy)
+        if mb.packed_ids is None:
+            hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+            hidden = hidden[sel]  # (n, H), completion positions only
+        else:  # packed rows: no attention mask, positions restart per sequence (see `pack`)
+            hidden = body(input_ids=mb.packed_ids, position_ids=mb.packed_positions, use_cache=False).last_hidden_state
+            hidden = hidden.reshape(-1, hidden.shape[-1])[mb.packed_index]  # (n, H) in the padded order
+        out = token_logprobs(hidden.unsqueeze(0), head, mb.targets[sel].unsqueeze(0), self.cfg.temperature,
+                             chunk_tokens=self.cfg.learner_head_chunk_tokens, return_entropy=entropy)
         lp = out[0] if entropy else out
         logp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=hidden.device)
         logp = logp.index_put(sel.nonzero(as_tuple=True), lp[0])  # (b, T)
@@ -183,25 +262,38 @@ class Learner:
 
     def prepare(self, rows: list[dict]) -> tuple[Normalizer, list[float], dict]:
         """All-reduced batch totals -> (normalizer, this rank's advantages, totals)."""
-        tokens = sum(len(r["completion_ids"]) for r in rows)
+        loss = [self.in_loss(r) for r in rows]  # --truncation mask: truncated completions get no loss
+        tokens = sum(len(r["completion_ids"]) for r, k in zip(rows, loss) if k)
         reward_sum = sum(r["reward"] for r in rows)
-        nonzero = sum(r["advantage"] != 0.0 for r in rows)
-        n_tok, n_seq, r_sum, n_nonzero = all_reduce_sum([tokens, len(rows), reward_sum, nonzero], self.world_size)
-        totals = {"tokens": n_tok, "sequences": n_seq, "reward_mean": r_sum / max(n_seq, 1.0)}
+        nonzero = sum(r["advantage"] != 0.0 for r, k in zip(rows, loss) if k)
+        n_tok, n_seq, r_sum, n_nonzero, n_rows = all_reduce_sum([tokens, sum(loss), reward_sum, nonzero, len(rows)],
+                                                                self.world_size)
+        totals = {"tokens": n_tok, "sequences": n_seq, "reward_mean": r_sum / max(n_rows, 1.0)}
         advantages = [r["advantage"] for r in rows]
         if self.baseline is not None:
             advantages = self.baseline.advantages([r["reward"] for r in rows], totals["reward_mean"])
-            n_nonzero = all_reduce_sum([sum(a != 0.0 for a in advantages)], self.world_size)[0]
-        totals["signal"] = n_nonzero > 0 or self.loss_cfg.kl_coef > 0
+            n_nonzero = all_reduce_sum([sum(a != 0.0 for a, k in zip(advantages, loss) if k)], self.world_size)[0]
+        totals["signal"] = n_nonzero > 0 or (self.loss_cfg.kl_coef > 0 and n_seq > 0)
         norm_tokens = float(self.cfg.loss_norm_tokens or self.cfg.max_new_tokens)
         norm = Normalizer(self.cfg.aggregation, n_tok, n_seq, norm_tokens)
         return norm, advantages, totals
 
+    def in_loss(self, row: dict) -> bool:
+        """Whether a completion row gets a loss: with ``--truncation mask`` (DAPO's overlong filtering)
+        those cut at the length limit (finish_reason ``length``) do not; their tokens count nowhere."""
+        return self.cfg.truncation != "mask" or row["finish_reason"] != "length"
+
     def accumulate(self, rows: list[dict], advantages: list[float], norm: Normalizer) -> list[dict]:
-        """Forward/backward over micro-batches of ``learner_chunk_size``; gradients accumulate in .grad."""
+        """Forward/backward over micro-batches of ``learner_chunk_size``; gradients accumulate in .grad.
+        Rows that get no loss (:meth:`in_loss`) are left out."""
+        keep = [i for i, r in enumerate(rows) if self.in_loss(r)]
+        rows, advantages = [rows[i] for i in keep], [advantages[i] for i in keep]
         parts, chunk = [], self.cfg.learner_chunk_size
         for start in range(0, len(rows), chunk):
-            mb = collate(rows[start:start + chunk], self.pad_id, advantages[start:start + chunk]).to(self.device)
+            mb = collate(rows[start:start + chunk], self.pad_id, advantages[start:start + chunk])
+            if self.cfg.learner_pack_tokens:
+                mb = pack(mb, self.pad_id, self.cfg.learner_pack_tokens)
+            mb = mb.to(self.device)
             parts.append(self._forward_backward(mb, norm))
         return parts
 
@@ -225,6 +317,8 @@ class Learner:
         stats = _combine(parts, rows, self.version, grad_norm)
         stats.update({"learner/loss": loss, "learner/reward_mean": totals["reward_mean"], "learner/lr": lr,
                       "learner/skipped_step": 0.0 if totals["signal"] else 1.0,
+                      "learner/truncated_fraction": sum(r["finish_reason"] == "length" for r in rows)
+                      / max(len(rows), 1),
                       "learner/advantage_abs_mean": sum(abs(a) for a in advantages) / max(len(advantages), 1)})
         if self.baseline is not None:
             stats["learner/baseline"] = self.baseline.value
@@ -262,21 +356,27 @@ class Learner:
                 shutil.rmtree(old, ignore_errors=True)
 
     def run(self) -> dict:
-        idle_s, start, history = 0.0, time.perf_counter(), []
+        idle_s, start, history, tokens = 0.0, time.perf_counter(), [], 0
         if self.rank == 0 and self.version > 0:  # resumed: actors start from the version we hold
             self._publish()
         while self.version < self.cfg.max_steps:
             t0 = time.perf_counter()
-            table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800)
-            idle_s += time.perf_counter() - t0
+            waiting = None if self.while_waiting is None else (lambda: self.while_waiting(self.version))
+            table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800, on_wait=waiting)
+            wait_s = time.perf_counter() - t0
+            idle_s += wait_s
             t1 = time.perf_counter()
             stats = self.train_step(table)
+            tokens += stats["tokens"]
             stats["learner/tokens_per_s"] = stats.pop("tokens") / (time.perf_counter() - t1)
             self.version += 1
             if self.rank == 0:
                 self._publish()
             self._checkpoint()
-            stats["learner/idle_fraction"] = idle_s / (time.perf_counter() - start)
+            now = time.perf_counter()
+            stats.update({"learner/idle_fraction": idle_s / (now - start),  # cumulative: GET waits / wall
+                          "learner/idle_fraction_version": wait_s / (now - t0),  # this version's
+                          "learner/tokens_per_s_wall": tokens / (now - start)})
             stats["learner/policy_version"] = self.version
             self.metrics.histogram("learner/staleness", stats.pop("staleness_values"), step=self.version)
             self.metrics.scalars(stats, step=self.version)
@@ -289,6 +389,14 @@ class Learner:
             self.client.stop()
             if self.broadcaster is not None and not self.broadcaster.flush(timeout_s=600):
                 log.warning("learner0: actors did not join the broadcast of the final version %d", self.version)
+            if self.run_dir is not None and self.cfg.export_final != "off":
+                merged = self.cfg.export_final == "merged" and not self.cfg.load_in_4bit
+                if self.cfg.export_final == "merged" and not merged:
+                    log.warning("learner0: --load_in_4bit: exporting the adapter only (merging into 4-bit "
+                                "weights loses precision: merge it into the unquantized base instead)")
+                final = export_final(self.model, self.run_dir / "final", self.model_dir, self.cfg.tokenizer,
+                                     merged=merged)
+                log.info("learner0: final model (version %d) exported to %s", self.version, final)
         self.metrics.close()
         return {"rank": self.rank, "version": self.version, "history": history}
 

@@ -86,7 +86,7 @@ def _load_unsloth(fast, model, torch_dtype, finetune, lora_rank, lora_alpha, tar
 def _load_hf(model, torch_dtype, finetune, lora_rank, lora_alpha, targets):
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype, attn_implementation="sdpa")
     if torch.cuda.is_available():  # the current device: cuda:LOCAL_RANK after init_distributed_from_env
         base = base.to(torch.device("cuda", torch.cuda.current_device()))
     if finetune == "full":
@@ -133,3 +133,36 @@ def save_for_publish(model, directory: str | Path, finetune: str) -> str:
     """Write the payload of one policy version into ``directory``; returns its format (lora|full)."""
     model.save_pretrained(str(directory))
     return "lora" if finetune == "lora" else "full"
+
+
+def export_final(model, directory: str | Path, model_dir: str, tokenizer: Optional[str] = None,
+                 merged: bool = True) -> Path:
+    """Write the final policy under ``directory`` (``<run_dir>/final``) and return it.
+
+    - ``adapter/`` (LoRA only): the PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``),
+      for ``PeftModel.from_pretrained(base, ...)``.
+    - ``merged/`` (when ``merged``, or always with full fine-tuning): the whole model in HF format,
+      LoRA merged into the base weights (W + B A alpha/r), plus the tokenizer of ``tokenizer`` or
+      ``model_dir``, so ``AutoModelForCausalLM.from_pretrained(merged)`` loads it.
+
+    Merging a LoRA model changes ``model`` in place (``merge_and_unload``): call it last. The files are
+    written to ``<directory>.tmp``, then replace ``directory`` (a resumed run's export supersedes the
+    earlier one), so ``directory`` holds one complete export.
+    """
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    final, tmp = Path(directory), Path(f"{directory}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    lora = is_peft(model)
+    if lora:
+        model.save_pretrained(str(tmp / "adapter"))
+    if merged or not lora:
+        full = model.merge_and_unload() if lora else model
+        full.save_pretrained(str(tmp / "merged"))
+        AutoTokenizer.from_pretrained(tokenizer or model_dir).save_pretrained(str(tmp / "merged"))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    return final

@@ -12,6 +12,7 @@ buffer's credit reply says ``stop`` (the learners are done).
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from distrl.config import TrainConfig
 from distrl.metrics import Metrics
 from distrl.weights import WeightError, WeightSubscriber, make_fetcher
 from distrl.wire import table_from_rows
+from rollout.rewards import UserReward, apply_truncation
 
 log = logging.getLogger("distrl.actor")
 
@@ -43,22 +45,53 @@ class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop."""
 
     def __init__(self, cfg: TrainConfig, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
-                 work_dir: str, tb_dir: str | None = None):
+                 work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
+                 name: str | None = None):
         from buffer.client import BufferClient
         from rollout.engines import make_engine
         from rollout.tasks import load_task
 
         self.cfg, self.actor_id = cfg, actor_id
-        self.name = f"actor{actor_id}"
-        self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed)
+        self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
+        self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, arith_ops=cfg.arith_ops,
+                              arith_max_operand=cfg.arith_max_operand)
+        self.task.set_prompt(cfg.prompt_template, cfg.chat_template)
+        self.evaluator = None  # actor 0 with --eval_every: rollout.evaluation.PeriodicEval
+        if cfg.eval_every:  # every actor leaves the held-out problems out of its stream (before taking any)
+            heldout = self.task.heldout(cfg.eval_size, cfg.seed)
+            if actor_id == 0:
+                from rollout.evaluation import PeriodicEval
+
+                self.evaluator = PeriodicEval(cfg, self.task, heldout, Path(work_dir) / "eval.jsonl")
+        self.reward = self.task.reward  # (completion_text, completion_ids, problem) -> (reward, components)
+        if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
+            self.reward = UserReward(cfg.reward, cfg.reward_timeout_s)
+            self.reward.check(next(self.task.problems(seed=0)))
         self.problems = self.task.problems(seed=cfg.seed * 1000 + actor_id)
         self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
         if cfg.resume:
             self._skip_used_problems(Path(cfg.resume))
-        self.engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
-                                  seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
+        elif rejoin:  # restarted after a crash: fresh seeds, none of an acknowledged group reused
+            self._rejoin(Path(work_dir))
+        if engine is None:  # else a given engine (rollout.colocated shares the learner's model)
+            engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
+                                 seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
+        self.engine = engine
+        self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
         self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
+        self._connect_weights(endpoints, work_dir)
+        self.metrics = Metrics(tb_dir)
+        self.version = 0  # policy version served
+        self._seq = 0
+        self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
+        self.weight_wait_s = 0.0  # time blocked waiting for a new enough policy version
+        self.tokens = 0  # completion tokens generated
+        self._samples_version = -1  # last policy version whose samples were logged (actor 0)
+
+    def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
+        """Subscribe to the learner's announcements and set up the weight fetcher of --weights_transport."""
+        cfg = self.cfg
         self.weights = WeightSubscriber(endpoints.weights_pub, endpoints.weights_latest, self.name)
         try:  # a late or restarted actor starts from the current version, not from version 0
             self.weights.request_latest(timeout_s=10)
@@ -70,20 +103,18 @@ class RolloutActor:
             from distrl.weights.nccl import BroadcastReceiver
 
             address = f"{endpoint_host(endpoints.weights_latest)}:{cfg.weights_broadcast_port}"
-            self.fetcher = BroadcastReceiver(address, 1 + actor_id, cfg.number_of_actors, self.engine.device)
+            self.fetcher = BroadcastReceiver(address, 1 + self.actor_id, cfg.number_of_actors, self.engine.device)
         else:
             self.fetcher = make_fetcher(cfg.weights_transport, endpoints.weights_latest,
                                         Path(work_dir) / "weights_cache" / self.name)
-        self.metrics = Metrics(tb_dir)
-        self.version = 0  # policy version served
-        self._seq = 0
-        self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
 
-    def _refresh_weights(self, min_version: int) -> None:
-        """Serve the newest announced version; block until one >= min_version exists."""
+    def _refresh_weights(self, min_version: int, target=None) -> None:
+        """Serve the newest announced version (or the announcement `target`); block until one >= min_version exists."""
         if self.weights.newest.version < min_version:
+            t0 = time.perf_counter()
             self.weights.wait_for(min_version, timeout_s=600, should_stop=lambda: False)
-        ann = self.weights.poll()
+            self.weight_wait_s += time.perf_counter() - t0
+        ann = self.weights.poll() if target is None else target
         if ann.version <= self.version:
             return
         t0 = time.perf_counter()
@@ -115,12 +146,43 @@ class RolloutActor:
         self.position = used
         log.info("%s: resuming after the %d problems its groups already used", self.name, used)
 
+    def _rejoin(self, run_dir: Path) -> None:
+        """A restarted actor: continue after the problems of its groups in the segment log (so the
+        position-derived seeds of acknowledged groups are not reused); without a log there (another
+        host), jump to a random position of the seed space instead."""
+        from buffer.segments import segment_paths
+
+        if segment_paths(run_dir):
+            self._skip_used_problems(run_dir)
+            return
+        self.position = int.from_bytes(os.urandom(4), "little") >> 1  # within this actor's 2**32 seeds
+        log.warning("%s: rejoining without a segment log in %s: prompts start over, sampling seeds from a "
+                    "random offset %d", self.name, run_dir, self.position)
+
     def _serve_final(self) -> None:
         """Load the last announced version if the learner still answers (it may already be gone)."""
         try:
-            self._refresh_weights(self.weights.request_latest(timeout_s=5).version)
+            latest = self.weights.request_latest(timeout_s=5).version
+            self._serve_skipped_eval_version()
+            self._refresh_weights(latest)
         except (TimeoutError, WeightError) as exc:
             log.warning("%s: final version not loaded (%s); serving %d", self.name, exc, self.version)
+        self._evaluate_if_due(final=True)
+
+    def _evaluate_if_due(self, final: bool = False) -> None:
+        """Actor 0 with --eval_every: evaluate the served version if due (rollout/evaluation.py)."""
+        if self.evaluator is not None and self.evaluator.due(self.version, final):
+            self.evaluator.evaluate(self.engine, self.metrics)
+
+    def _serve_skipped_eval_version(self) -> None:
+        """Actor 0 with --eval_every: when the newest version has passed a multiple of N this actor never
+        served, serve and evaluate that one first (its payload is still kept; not with nccl)."""
+        if self.evaluator is None or self.cfg.weights_transport == "nccl":
+            return
+        target = self.evaluator.skipped(self.version, self.weights.poll().version)
+        if target is not None and target in self.weights.seen:
+            self._refresh_weights(0, self.weights.seen[target])
+            self._evaluate_if_due()
 
     def _load(self, ann):
         """Fetch and verify `ann`'s payload and load it into the engine; return what is now served."""
@@ -159,7 +221,8 @@ class RolloutActor:
                     start_version: int) -> pa.Table:
         """Score one prompt's completions, compute the group's advantages, build its Arrow rows."""
         comps = result.completions
-        scored = [self.task.reward(c.text, c.token_ids, problem) for c in comps]
+        scored = [apply_truncation(*self.reward(c.text, c.token_ids, problem), c.finish_reason, self.cfg.truncation)
+                  for c in comps]
         rewards = [r for r, _ in scored]
         advantages = group_advantages(rewards, self.cfg.advantage_estimator)
         self._seq += 1
@@ -176,7 +239,9 @@ class RolloutActor:
     def step(self, granted: int) -> dict:
         """Generate, score and PUT `granted` groups with the served version; return step metrics."""
         problems = [next(self.problems) for _ in range(granted)]
-        seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position  # per prompt: seed + i
+        # Prompt i of this call samples with seeds seed + i * group_size + j (vLLM's n > 1 uses seed + j),
+        # so no two completions of a run share a seed.
+        seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.cfg.group_size
         self.position += granted
         prompts = [self.task.prompt(p, self.engine.tokenizer) for p in problems]
         t0, c0 = time.time(), time.perf_counter()
@@ -187,12 +252,19 @@ class RolloutActor:
         self.client.put_many(groups)  # one message, acknowledged once every group is in the segment log
         rewards = [r for g in groups for r in g.column("reward").to_pylist()]
         tokens = sum(len(c.token_ids) for result in results for c in result.completions)
+        self.tokens += tokens
+        reasons = [f for g in groups for f in g.column("finish_reason").to_pylist()]
+        if self.actor_id == 0 and self.cfg.log_samples and start_version != self._samples_version:
+            self._samples_version = start_version
+            self.metrics.text("actor/samples", samples_markdown(groups, self.cfg.log_samples), step=start_version)
         return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
+                "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
                 "actor/inflight_versions": self.version - start_version}
 
     def run(self) -> dict:
         groups, idle_s, start = 0, 0.0, time.perf_counter()
+        self._evaluate_if_due()  # version 0, before any update
         while True:
             reply = self.client.credits(want=max(1, self.cfg.batch_size // self.cfg.number_of_actors))
             if reply.get("stop"):  # training is over: serve the final version, then return
@@ -203,10 +275,16 @@ class RolloutActor:
                 time.sleep(0.05)
                 idle_s += 0.05
                 continue
+            self._serve_skipped_eval_version()
             self._refresh_weights(reply["min_policy_version"])
+            self._evaluate_if_due()
             stats = self.step(reply["granted"])
             groups += reply["granted"]
-            stats["actor/idle_fraction"] = idle_s / (time.perf_counter() - start)
+            wall = time.perf_counter() - start
+            stats.update({"actor/idle_fraction": (idle_s + self.weight_wait_s) / wall,
+                          "actor/credit_wait_fraction": idle_s / wall,
+                          "actor/weight_wait_fraction": self.weight_wait_s / wall,
+                          "actor/tokens_per_s_wall": self.tokens / wall})
             self.metrics.scalars(stats, step=self.version)
         self.metrics.close()
         log.info("%s: stopped after %d groups, last policy version %d", self.name, groups, self.version)
@@ -214,4 +292,21 @@ class RolloutActor:
 
     def close(self) -> None:
         self.client.close()
+        if isinstance(self.reward, UserReward):
+            self.reward.close()
         self.weights.close()
+
+
+def samples_markdown(groups: list[pa.Table], n: int) -> str:
+    """Markdown of the first ``n`` completions of ``groups`` (one per group first, then more of each):
+    reward, finish reason and policy version, then prompt and completion as code blocks (TensorBoard's
+    Text tab renders markdown)."""
+    rows = [g.slice(i, 1).to_pylist()[0] for i in range(max(len(g) for g in groups)) for g in groups if i < len(g)]
+
+    def block(text: str) -> str:
+        return "\n".join("    " + line for line in (text or " ").splitlines() or [" "])
+
+    parts = [f"**reward {r['reward']:.3f}** (finish `{r['finish_reason']}`, policy version {r['policy_version']}, "
+             f"prompt `{r['prompt_id']}`)\n\nprompt:\n\n{block(r['prompt_text'])}\n\ncompletion:\n\n"
+             f"{block(r['completion_text'])}" for r in rows[:n]]
+    return "\n\n---\n\n".join(parts)

@@ -7,6 +7,10 @@ Three scorers, each returning ``(reward, components)`` with ``reward`` in [0, 1]
 - :class:`MathVerifier` — mathematical equivalence of the completion's final answer and a gold answer
   with HuggingFace's `math_verify` (``gsm8k``, ``math500``).
 
+Besides the task's own: :class:`UserReward` calls a user's ``--reward module:function`` (in a child
+process with a timeout, like MathVerifier), and :func:`apply_truncation` applies ``--truncation`` to
+completions that hit the length limit.
+
 math_verify and threads. math_verify's own timeouts use ``signal.alarm`` (SIGALRM), which works only in
 a process's main thread: with them on, ``parse``/``verify`` called from any other thread raise
 ValueError. Rollout actors may score in a non-main thread, so every call here passes
@@ -21,8 +25,13 @@ calling thread, unbounded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import importlib.util
 import json
+import math
+import numbers
 import os
 import re
 import select
@@ -30,6 +39,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # 1,234,567.5 | 1234.5 | .5, each with an optional sign.
@@ -70,10 +80,17 @@ def integer_match(completion_text: str, gold: str) -> tuple[float, dict[str, flo
     models restate the question first), else the first integer of the completion (the tiny model
     answers ``"37+45="`` with ``"82"``). Components: ``correct``, ``format`` (a ``\\boxed{}`` was used).
     """
+    answer = integer_answer(completion_text)
+    correct = answer is not None and answer == int(gold)
+    return float(correct), {"correct": float(correct), "format": float(last_boxed(completion_text) is not None)}
+
+
+def integer_answer(completion_text: str) -> int | None:
+    """The integer :func:`integer_match` checks: the first one inside the last ``\\boxed{}``, else the
+    first one of the completion; None when there is none."""
     boxed = last_boxed(completion_text)
     found = _INTEGER.search(completion_text if boxed is None else boxed)
-    correct = found is not None and int(found.group()) == int(gold)
-    return float(correct), {"correct": float(correct), "format": float(boxed is not None)}
+    return None if found is None else int(found.group())
 
 
 def half_vocab_fraction(completion_ids: list[int]) -> tuple[float, dict[str, float]]:
@@ -107,6 +124,91 @@ def check_answer(gold: str, answer: str | None) -> dict[str, bool]:
     return {"gold_ok": True, "correct": bool(pred) and verify(gold_parsed, pred, timeout_seconds=None)}
 
 
+def normalize_answer(answer: str | None) -> str | None:
+    """A canonical string of `answer` (the content of a ``\\boxed{}``) for majority votes, in this thread.
+
+    math_verify parses it as :func:`check_answer` does; the result is the string of the first parsed
+    mathematical object (``"0.5"``, ``"1/2"`` and ``"\\frac{1}{2}"`` all give ``"1/2"``; floats become exact
+    rationals, so ``"18.0"`` gives ``"18"``). An answer math_verify finds nothing mathematical in keeps
+    its own text without spaces. None stays None.
+    """
+    if answer is None:
+        return None
+    import sympy
+    from math_verify import parse
+
+    objects = [p for p in parse("\\boxed{" + answer + "}", parsing_timeout=None) if not isinstance(p, str)]
+    if not objects:
+        return "".join(answer.split())
+    obj = objects[0]
+    if isinstance(obj, sympy.Float):
+        obj = sympy.nsimplify(obj, rational=True)
+    return str(obj)
+
+
+class _JsonWorker:
+    """A child process that answers JSON lines (nothing pickled), started on first use.
+
+    Args:
+        code: ``python -c`` text of the child: it prints ``ready``, then one JSON line per line it reads
+            (see :func:`_serve_lines`).
+        what: the worker's name in error messages, e.g. ``math_verify worker``.
+        start_hint: what to check when the child does not start.
+    """
+
+    START_TIMEOUT_S = 120.0
+
+    def __init__(self, code: str, what: str, start_hint: str):
+        self.code, self.what, self.start_hint = code, what, start_hint
+        self._proc: subprocess.Popen | None = None
+
+    def call(self, request, timeout_s: float):
+        """Send ``request``, return the JSON reply; None if none came within ``timeout_s`` (child killed,
+        the next call starts a new one). Raises RuntimeError if the child exits or does not start."""
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+        self._proc.stdin.write(json.dumps(request, default=str) + "\n")
+        self._proc.stdin.flush()
+        if not self._wait_readable(timeout_s):
+            self.close()
+            return None
+        line = self._proc.stdout.readline()
+        if not line:
+            code = self._proc.wait()
+            self.close()
+            raise RuntimeError(f"{self.what} exited with code {code} (its stderr is above)")
+        return json.loads(line)
+
+    def _start(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", self.code], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        if not self._wait_readable(self.START_TIMEOUT_S) or self._proc.stdout.readline().strip() != "ready":
+            self.close()
+            raise RuntimeError(f"{self.what} did not start within {self.START_TIMEOUT_S:.0f} s ({self.start_hint})")
+
+    def _wait_readable(self, timeout_s: float) -> bool:
+        readable, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        return bool(readable)
+
+    def close(self) -> None:
+        """Kill the child, if any (by our own Popen handle)."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for stream in (self._proc.stdin, self._proc.stdout):
+                stream.close()
+            self._proc = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_proc", None) is not None:
+            self.close()
+
+
+def _child_code(call: str) -> str:
+    root = str(Path(__file__).resolve().parents[1])
+    return f"import sys; sys.path.insert(0, {root!r}); import rollout.rewards as r; {call}"
+
+
 class MathVerifier:
     """Scores a completion's final answer (:func:`extract_answer`) against a gold answer with math_verify.
 
@@ -118,73 +220,43 @@ class MathVerifier:
     Safe to call from any thread; concurrent calls are serialized. Pickles without its child process.
     """
 
-    START_TIMEOUT_S = 120.0
-
     def __init__(self, timeout_s: float | None = 5.0):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
         self.timeout_s = timeout_s
-        self._proc: subprocess.Popen | None = None
+        self._worker = _JsonWorker(_child_code("r._serve()"), "math_verify worker",
+                                   f"check that `{sys.executable} -c 'import math_verify'` works")
         self._lock = threading.Lock()
 
     def score(self, completion_text: str, gold: str) -> tuple[float, dict[str, float]]:
         """Reward 1.0 iff the answer is equivalent to `gold`. Components: ``correct``, ``format``
         (the answer was in a ``\\boxed{}``), ``gold_unparsable``, ``timeout``."""
         answer, boxed = extract_answer(completion_text)
-        result = check_answer(gold, answer) if self.timeout_s is None else self._check_in_child(gold, answer)
+        if self.timeout_s is None:
+            result = check_answer(gold, answer)
+        else:
+            with self._lock:
+                result = self._worker.call([gold, answer], self.timeout_s)
         timed_out = result is None
         result = result or {"gold_ok": True, "correct": False}
         correct = float(result["gold_ok"] and result["correct"])
         return correct, {"correct": correct, "format": float(boxed), "gold_unparsable": float(not result["gold_ok"]),
                          "timeout": float(timed_out)}
 
-    def _check_in_child(self, gold: str, answer: str | None) -> dict[str, bool] | None:
-        """check_answer in the child process; None if it took longer than timeout_s (child killed)."""
+    def normalize(self, completion_text: str) -> str | None:
+        """The completion's final answer (:func:`extract_answer`) in canonical form (:func:`normalize_answer`),
+        under the same time limit as :meth:`score`; None when there is none or it timed out."""
+        answer, _ = extract_answer(completion_text)
+        if answer is None or self.timeout_s is None:
+            return normalize_answer(answer)
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
-            self._proc.stdin.write(json.dumps([gold, answer]) + "\n")
-            self._proc.stdin.flush()
-            if not self._wait_readable(self.timeout_s):
-                self._kill()
-                return None
-            line = self._proc.stdout.readline()
-            if not line:
-                code = self._proc.wait()
-                self._kill()
-                raise RuntimeError(f"math_verify worker exited with code {code} (its stderr is above)")
-            return json.loads(line)
-
-    def _start(self) -> None:
-        root = str(Path(__file__).resolve().parents[1])
-        code = f"import sys; sys.path.insert(0, {root!r}); from rollout.rewards import _serve; _serve()"
-        self._proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, bufsize=1)
-        if not self._wait_readable(self.START_TIMEOUT_S) or self._proc.stdout.readline().strip() != "ready":
-            self._kill()
-            raise RuntimeError(f"math_verify worker did not start within {self.START_TIMEOUT_S:.0f} s "
-                               f"(check that `{sys.executable} -c 'import math_verify'` works)")
-
-    def _wait_readable(self, timeout_s: float) -> bool:
-        readable, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        return bool(readable)
-
-    def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()  # by our own Popen handle
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout):
-                stream.close()
-            self._proc = None
+            reply = self._worker.call({"normalize": answer}, self.timeout_s)
+        return None if reply is None else reply["answer"]
 
     def close(self) -> None:
         """Stop the child process, if any (a later score() starts a new one)."""
         with self._lock:
-            self._kill()
-
-    def __del__(self) -> None:
-        if getattr(self, "_proc", None) is not None:
-            self._kill()
+            self._worker.close()
 
     def __getstate__(self) -> dict:
         return {"timeout_s": self.timeout_s}
@@ -193,13 +265,133 @@ class MathVerifier:
         self.__init__(state["timeout_s"])
 
 
-def _serve() -> None:
-    """Child-process loop of MathVerifier: JSON ``[gold, answer]`` lines in, ``check_answer`` JSON lines out.
+# ---- a user's reward function (--reward) ---------------------------------------------------------------
+
+def load_reward_function(spec: str) -> Callable:
+    """Import the --reward function: ``module:function`` or ``path/to/file.py:function``.
+
+    Raises ValueError naming --reward when the module does not import (any error its import raises)
+    or has no callable of that name.
+    """
+    from distrl.config import check_reward_spec
+
+    module, func = check_reward_spec(spec)
+    try:
+        if module.endswith(".py"):
+            path = Path(module).expanduser().resolve()
+            mod_spec = importlib.util.spec_from_file_location(f"distrl_reward_{path.stem}", path)
+            mod = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(module)
+    except Exception as exc:  # ImportError, SyntaxError, or whatever the module raises on import
+        raise ValueError(f"--reward {spec}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        raise ValueError(f"--reward {spec}: {module} has no function {func!r}")
+    return fn
+
+
+def reward_value(value, spec: str) -> tuple[float, dict[str, float]]:
+    """Check and normalize what a --reward function returned: a finite real number, or ``(number,
+    {name: number})``. Returns ``(reward, components)``; raises ValueError naming --reward otherwise."""
+    components: dict = {}
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict):
+        value, components = value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"--reward {spec} must return a finite float or (float, dict[str, float]), "
+                         f"got {value!r} ({type(value).__name__})")
+    bad = {k: v for k, v in components.items()
+           if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, numbers.Real)}
+    if bad:
+        raise ValueError(f"--reward {spec}: components must map str to float, got {bad!r}")
+    return float(value), {k: float(v) for k, v in components.items()}
+
+
+class UserReward:
+    """The --reward function, called as ``fn(completion_text, problem)`` in place of the task's reward.
+
+    Args:
+        spec: ``module:function`` or ``path/to/file.py:function`` (imported here at once, so a wrong
+            spec raises ValueError naming --reward before anything runs).
+        timeout_s: seconds one call may take. Set: calls run in a child process (the problem travels as
+            JSON: its ``meta`` must be JSON-serializable, other values become strings), which is killed
+            and restarted past the limit; that completion scores 0 with the only component ``timeout``
+            1. None: calls run in the calling thread, unbounded.
+
+    ``__call__(completion_text, completion_ids, problem)`` returns ``(reward, components)`` like
+    ``Task.reward``; it raises ValueError naming --reward when the function raises or returns a wrong
+    type (:func:`reward_value`). :meth:`check` does one such call at start.
+    """
+
+    def __init__(self, spec: str, timeout_s: float | None = 10.0):
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"--reward_timeout_s must be > 0 or None, got {timeout_s}")
+        self.spec, self.timeout_s = spec, timeout_s
+        self.fn = load_reward_function(spec)
+        self._worker = _JsonWorker(_child_code(f"r._serve_user({spec!r})"), f"--reward {spec} worker",
+                                   f"check that `{spec}` imports quickly")
+        self._lock = threading.Lock()
+
+    def __call__(self, completion_text: str, completion_ids: list[int], problem) -> tuple[float, dict[str, float]]:
+        if self.timeout_s is None:
+            return self._call_here(completion_text, problem)
+        with self._lock:
+            reply = self._worker.call({"text": completion_text, "problem": dataclasses.asdict(problem)},
+                                      self.timeout_s)
+        if reply is None:
+            return 0.0, {"timeout": 1.0}
+        if "error" in reply:
+            raise ValueError(reply["error"])
+        return reply["reward"], reply["components"]
+
+    def _call_here(self, completion_text: str, problem) -> tuple[float, dict[str, float]]:
+        try:
+            value = self.fn(completion_text, problem)
+        except Exception as exc:
+            raise ValueError(f"--reward {self.spec} raised {type(exc).__name__}: {exc}") from exc
+        return reward_value(value, self.spec)
+
+    def check(self, problem) -> None:
+        """Call the function once on ``problem`` with an empty completion; raise ValueError naming
+        --reward if it raises, returns a wrong type, or times out."""
+        _, components = self("", [], problem)
+        if components == {"timeout": 1.0} and self.timeout_s is not None:
+            raise ValueError(f"--reward {self.spec}: the first call took longer than --reward_timeout_s "
+                             f"{self.timeout_s}")
+
+    def close(self) -> None:
+        """Stop the child process, if any."""
+        with self._lock:
+            self._worker.close()
+
+
+# ---- truncated completions (--truncation) ----------------------------------------------------------------
+
+def apply_truncation(reward: float, components: dict[str, float], finish_reason: str,
+                     policy: str) -> tuple[float, dict[str, float]]:
+    """The reward of one completion under --truncation ``policy`` (keep | zero | mask).
+
+    A completion is truncated when ``finish_reason == "length"`` (it hit --max_new_tokens, or the
+    engine's max_model_len, without an end of sequence). Returns ``(reward, components)`` with the
+    component ``truncated`` (0/1) added; ``zero`` sets a truncated completion's reward to 0 and keeps
+    the scored one as component ``scored``. ``keep`` and ``mask`` leave the reward as scored (``mask``
+    acts at the learner: their tokens get no loss). Raises ValueError on another policy.
+    """
+    if policy not in ("keep", "zero", "mask"):
+        raise ValueError(f"--truncation must be keep, zero or mask, got {policy!r}")
+    truncated = finish_reason == "length"
+    components = {**components, "truncated": float(truncated)}
+    if truncated and policy == "zero":
+        return 0.0, {**components, "scored": float(reward)}
+    return reward, components
+
+
+def _serve_lines(handle: Callable) -> None:
+    """Child-process loop: JSON lines in, ``handle(request)`` as JSON lines out, after a ``ready`` line.
 
     Exits when stdin closes or the parent process is gone (checked every second).
     """
-    import math_verify  # noqa: F401  (import before answering "ready": it takes most of the start time)
-
     parent = os.getppid()
 
     def watch_parent() -> None:
@@ -212,5 +404,37 @@ def _serve() -> None:
     os.dup2(2, 1)  # anything else printed goes to stderr, never into the protocol
     out.write("ready\n")
     for line in sys.stdin:
-        gold, answer = json.loads(line)
-        out.write(json.dumps(check_answer(gold, answer)) + "\n")
+        out.write(json.dumps(handle(json.loads(line))) + "\n")
+
+
+def _serve() -> None:
+    """Child process of MathVerifier: ``[gold, answer]`` in, :func:`check_answer` out;
+    ``{"normalize": answer}`` in, ``{"answer": normalize_answer(answer)}`` out."""
+    import math_verify  # noqa: F401  (import before answering "ready": it takes most of the start time)
+
+    def handle(request):
+        if isinstance(request, dict):
+            return {"answer": normalize_answer(request["normalize"])}
+        return check_answer(*request)
+
+    _serve_lines(handle)
+
+
+def _serve_user(spec: str) -> None:
+    """Child process of UserReward: ``{text, problem}`` in, ``{reward, components}`` or ``{error}`` out."""
+    from rollout.tasks import Problem
+
+    fn = load_reward_function(spec)
+
+    def handle(request: dict) -> dict:
+        try:  # errors go back to the actor, which raises them
+            value = fn(request["text"], Problem(**request["problem"]))
+        except Exception as exc:
+            return {"error": f"--reward {spec} raised {type(exc).__name__}: {exc}"}
+        try:
+            reward, components = reward_value(value, spec)
+        except ValueError as exc:
+            return {"error": str(exc)}
+        return {"reward": reward, "components": components}
+
+    _serve_lines(handle)

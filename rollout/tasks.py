@@ -5,8 +5,13 @@ A :class:`Task` gives a rollout actor three things:
 - ``problems(seed)``: an endless, seeded stream of :class:`Problem` (dataset tasks shuffle, epoch after
   epoch; each actor passes its own seed, so actors see different orders);
 - ``prompt(problem, tokenizer)``: the text handed to the engine (the tokenizer's chat template when
-  it has one, else a plain template);
+  it has one, else a plain template; ``set_prompt`` applies ``--prompt_template``/``--chat_template``);
 - ``reward(completion_text, completion_ids, problem)``: ``(reward, components)``, see `rollout.rewards`.
+
+For evaluation (`distrl.evaluate`) a task also gives ``extract_answer(completion_text)`` (the final
+answer in canonical form, for majority votes), ``heldout(n, seed)`` (a seeded held-out set of problems
+that ``problems`` never yields afterwards) and ``group_keys`` (``Problem.meta`` keys that metrics are
+broken down by, e.g. MATH-500's ``subject`` and ``level``).
 
 Tasks (names as in ``distrl.config.TASKS``): ``arith`` (built-in two-number arithmetic, no download),
 ``half_vocab`` (a toy reward a tiny random model can raise quickly), ``gsm8k`` and ``math500``
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rollout.rewards import MathVerifier, half_vocab_fraction, integer_match, last_boxed
+from rollout.rewards import MathVerifier, half_vocab_fraction, integer_answer, integer_match, last_boxed
 
 BOXED_INSTRUCTION = "Reason step by step, and put your final answer within \\boxed{}."
 
@@ -50,28 +55,81 @@ class Task(abc.ABC):
 
     name: str = ""
     system_prompt: str = "You are a helpful assistant. " + BOXED_INSTRUCTION
+    template: str | None = None  # --prompt_template text (set_prompt); None: the task's own
+    chat: str = "auto"  # --chat_template
+    group_keys: tuple[str, ...] = ()  # Problem.meta keys evaluation metrics are broken down by
 
     def __init__(self, base_seed: int = 0):
         self.base_seed = base_seed
+        self.excluded: set[str] = set()  # prompt_ids of held-out problems, never yielded by problems()
 
     def rng(self, seed: int) -> random.Random:
         """A generator determined by (base_seed, seed) alone (string seeding ignores PYTHONHASHSEED)."""
         return random.Random(f"{self.name}/{self.base_seed}/{seed}")
 
-    @abc.abstractmethod
     def problems(self, seed: int) -> Iterator[Problem]:
-        """Endless stream of problems, the same for the same seed."""
+        """Endless stream of problems, the same for the same seed, without the held-out ones (:meth:`heldout`)."""
+        return (p for p in self._stream(seed) if p.prompt_id not in self.excluded)
+
+    @abc.abstractmethod
+    def _stream(self, seed: int) -> Iterator[Problem]:
+        """Endless stream of all problems, the same for the same seed."""
+
+    def heldout(self, n: int, seed: int) -> list[Problem]:
+        """`n` distinct problems chosen by `seed` (and the task's base seed), in a fixed order; from then on
+        :meth:`problems` never yields them (call it before taking problems from a stream).
+
+        Raises:
+            ValueError: `n` < 1, or `n` leaves no problem to train on.
+        """
+        if n < 1:
+            raise ValueError(f"held-out size must be >= 1, got {n}")
+        problems = self._choose_heldout(n, random.Random(f"{self.name}/heldout/{self.base_seed}/{seed}"))
+        self.excluded.update(p.prompt_id for p in problems)
+        return problems
+
+    @abc.abstractmethod
+    def _choose_heldout(self, n: int, rng: random.Random) -> list[Problem]:
+        """`n` distinct problems drawn with `rng`; ValueError if that leaves none for training."""
+
+    def extract_answer(self, completion_text: str) -> str | None:
+        """The completion's final answer in canonical form, compared as the reward compares answers
+        (equal strings: equal correctness); None when it has none. Base: no answers (None)."""
+        return None
 
     def plain_prompt(self, problem: Problem) -> str:
         """Prompt for a tokenizer without a chat template."""
         return f"Question: {problem.question}\n{BOXED_INSTRUCTION}\nAnswer:"
 
+    def set_prompt(self, template: str | None = None, chat: str = "auto") -> None:
+        """Use ``--prompt_template`` (text with ``{question}``, or a file holding it; None: the task's
+        own) and ``--chat_template`` (auto | on | off) in :meth:`prompt`.
+
+        Raises ValueError naming the flag: a template without ``{question}``, an unknown ``chat``.
+        """
+        from distrl.config import read_prompt_template
+
+        if chat not in ("auto", "on", "off"):
+            raise ValueError(f"--chat_template must be auto, on or off, got {chat!r}")
+        self.template = None if template is None else read_prompt_template(template)
+        self.chat = chat
+
     def prompt(self, problem: Problem, tokenizer: Any = None) -> str:
-        """The engine's input text: system + user turns through the chat template, ending with the
-        assistant's turn, when `tokenizer` has one; else :meth:`plain_prompt`."""
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            return self.plain_prompt(problem)
-        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": problem.question}]
+        """The engine's input text. Chat (``--chat_template`` on, or auto and `tokenizer` has a chat
+        template): system + user turns through the chat template, ending with the assistant's turn; the
+        user turn is the question, or the template with ``{question}`` replaced. Plain: the template with
+        ``{question}`` replaced, else :meth:`plain_prompt`.
+
+        Raises ValueError with ``--chat_template on`` when `tokenizer` has no chat template.
+        """
+        template, chat = self.template, self.chat
+        has_chat = tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+        if chat == "on" and not has_chat:
+            raise ValueError("--chat_template on, but the tokenizer has no chat template: use auto or off")
+        if chat == "off" or not has_chat:
+            return self.plain_prompt(problem) if template is None else template.replace("{question}", problem.question)
+        user = problem.question if template is None else template.replace("{question}", problem.question)
+        messages = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": user}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @abc.abstractmethod
@@ -100,13 +158,34 @@ class ArithTask(Task):
             raise ValueError(f"ops must be a non-empty subset of + - *, got {list(ops)}")
         self.max_operand, self.ops = max_operand, tuple(ops)
 
-    def problems(self, seed: int) -> Iterator[Problem]:
+    group_keys = ("op",)
+
+    def _stream(self, seed: int) -> Iterator[Problem]:
         rng = self.rng(seed)
         while True:
-            a, b, op = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand), rng.choice(self.ops)
-            result = {"+": a + b, "-": a - b, "*": a * b}[op]
-            expr = f"{a}{op}{b}="
-            yield Problem(f"arith:{expr}", expr, str(result), {"a": a, "b": b, "op": op})
+            yield self._draw(rng)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        a, b, op = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand), rng.choice(self.ops)
+        result = {"+": a + b, "-": a - b, "*": a * b}[op]
+        expr = f"{a}{op}{b}="
+        return Problem(f"arith:{expr}", expr, str(result), {"a": a, "b": b, "op": op})
+
+    def _choose_heldout(self, n, rng):
+        total = (self.max_operand + 1) ** 2 * len(self.ops)
+        if n > total // 2:
+            raise ValueError(f"held-out size {n} (--eval_size / --limit) is more than half of the {total} {self.name} expressions "
+                             f"(max_operand {self.max_operand}, ops {''.join(self.ops)})")
+        chosen: dict[str, Problem] = {}
+        while len(chosen) < n:
+            problem = self._draw(rng)
+            chosen.setdefault(problem.prompt_id, problem)
+        return list(chosen.values())
+
+    def extract_answer(self, completion_text):
+        """The integer :func:`rollout.rewards.integer_match` checks, as a decimal string."""
+        answer = integer_answer(completion_text)
+        return None if answer is None else str(answer)
 
     def plain_prompt(self, problem: Problem) -> str:
         return problem.question
@@ -122,6 +201,9 @@ class HalfVocabTask(ArithTask):
 
     def reward(self, completion_text, completion_ids, problem):
         return half_vocab_fraction(completion_ids)
+
+    def extract_answer(self, completion_text):
+        return None  # no final answer: the reward is about token ids
 
 
 class MathDatasetTask(Task):
@@ -154,7 +236,7 @@ class MathDatasetTask(Task):
     def to_problem(self, row: dict, index: int) -> Problem:
         """The Problem of dataset row `index`."""
 
-    def problems(self, seed: int) -> Iterator[Problem]:
+    def _stream(self, seed: int) -> Iterator[Problem]:
         rng = self.rng(seed)
         order = list(range(len(self.rows)))
         while True:
@@ -162,8 +244,18 @@ class MathDatasetTask(Task):
             for i in order:
                 yield self.to_problem(self.rows[i], i)
 
+    def _choose_heldout(self, n, rng):
+        if n >= len(self.rows):
+            raise ValueError(f"held-out size {n} (--eval_size / --limit) leaves none of the {len(self.rows)} {self.name} rows to train on")
+        return [self.to_problem(self.rows[i], i) for i in rng.sample(range(len(self.rows)), n)]
+
     def reward(self, completion_text, completion_ids, problem):
         return self.verifier.score(completion_text, problem.gold)
+
+    def extract_answer(self, completion_text):
+        """The answer the reward checks (last ``\\boxed{}``, else last number), normalized by math_verify's
+        parsing (:func:`rollout.rewards.normalize_answer`), under the verifier's time limit."""
+        return self.verifier.normalize(completion_text)
 
 
 class GSM8KTask(MathDatasetTask):
@@ -187,6 +279,7 @@ class MATH500Task(MathDatasetTask):
 
     name = "math500"
     required_fields = ("problem",)
+    group_keys = ("subject", "level")
 
     def __init__(self, rows, base_seed=0, verify_timeout_s=5.0):
         super().__init__(rows, base_seed, verify_timeout_s)
@@ -236,7 +329,8 @@ def infer_task(rows, dataset: str) -> str | None:
 
 def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0, *,
               config_name: str | None = None, split: str | None = None,
-              verify_timeout_s: float | None = 5.0) -> Task:
+              verify_timeout_s: float | None = 5.0, arith_ops: Sequence[str] = ("+", "-"),
+              arith_max_operand: int = 99) -> Task:
     """The task of a run, from ``--task`` and ``--dataset``.
 
     - `task` arith/half_vocab: built-in problems; `dataset` is ignored.
@@ -244,6 +338,7 @@ def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0
     - no `task`: inferred from the dataset's fields (:func:`infer_task`); no dataset either: arith.
 
     `seed` is the run's seed (each actor then passes its own seed to ``problems``).
+    `arith_ops` and `arith_max_operand` (``--arith_ops``, ``--arith_max_operand``) shape arith/half_vocab.
 
     Raises:
         ValueError: unknown `task`; a dataset whose fields match no task while `task` is None (the
@@ -252,7 +347,7 @@ def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0
     if task is not None and task not in BUILTIN_TASKS and task not in DATASET_TASKS:
         raise ValueError(f"unknown task {task!r}; expected one of {sorted(BUILTIN_TASKS) + sorted(DATASET_TASKS)}")
     if task in BUILTIN_TASKS or (task is None and dataset is None):
-        return BUILTIN_TASKS[task or "arith"](base_seed=seed)
+        return BUILTIN_TASKS[task or "arith"](base_seed=seed, max_operand=arith_max_operand, ops=tuple(arith_ops))
     rows = load_rows(dataset or DEFAULT_DATASETS[task], config_name, split)
     if task is None:
         task = infer_task(rows, dataset)

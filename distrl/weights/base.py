@@ -222,7 +222,10 @@ class WeightSubscriber:
                 raise TimeoutError(f"policy version {min_version} was not announced within {timeout_s}s "
                                    f"(newest {self.newest.version}): is the learner running?")
             if self._sub.poll(200) == 0:
-                self.request_latest()
+                try:  # a learner that is restarting does not answer: keep asking until the deadline
+                    self.request_latest(timeout_s=min(10.0, max(deadline - time.monotonic(), 0.1)))
+                except TimeoutError:
+                    pass
         return self.newest
 
     def close(self) -> None:
