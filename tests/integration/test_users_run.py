@@ -66,10 +66,11 @@ def test_samples_and_monitoring_in_tensorboard(run_dir):
     for tag in ("actor/idle_fraction", "actor/credit_wait_fraction", "actor/weight_wait_fraction",
                 "actor/truncated_fraction"):
         assert all(0.0 <= e.value <= 1.0 for e in actor.Scalars(tag)), tag
-    for e in actor.Scalars("actor/idle_fraction"):
-        parts = [s.value for s in actor.Scalars("actor/credit_wait_fraction") + actor.Scalars(
-            "actor/weight_wait_fraction") if s.wall_time == e.wall_time]
-        assert e.value == pytest.approx(sum(parts), abs=1e-6)
+    idle, credit, weight = (actor.Scalars(f"actor/{t}") for t in ("idle_fraction", "credit_wait_fraction",
+                                                                   "weight_wait_fraction"))
+    assert len(idle) == len(credit) == len(weight) > 0  # written together, one of each per report
+    for e, c, w in zip(idle, credit, weight):  # idle = waiting for credits + waiting for weights
+        assert e.step == c.step == w.step and e.value == pytest.approx(c.value + w.value, abs=1e-6)
     assert max(e.value for e in actor.Scalars("actor/truncated_fraction")) > 0
     assert all(e.value > 0 for e in actor.Scalars("actor/tokens_per_s_wall"))
 
