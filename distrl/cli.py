@@ -7,6 +7,7 @@ dotted path of the function that runs it, imported only after the flags are vali
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
@@ -30,6 +31,8 @@ COMMANDS: dict[str, tuple[type, str]] = {
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distrl <command> [flags]`; `--help` on any command lists every flag."""
     configs = {name: cls for name, (cls, _) in COMMANDS.items()}
+    # no "Writing model shards" bar per published version (roles inherit it; set it to 0 to see them)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:  # --config FILE: its flags go before the command line's, so the command line wins
         argv = expand_config(sys.argv[1:] if argv is None else list(argv), configs)
     except ConfigFileError as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz")
 TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=512)
+                 num_key_value_heads=2, max_position_embeddings=4096)  # GSM8K/MATH-500 prompts fit
 
 
 def build_tokenizer():

@@ -177,3 +177,15 @@ def test_vllm_cpu_calls_stay_under_the_token_budget(monkeypatch):
     assert engine._calls(["aaaa", "aaaa", "bbbb", "bbbb"], 1, 2) == [(0, 2), (2, 4)]
     engine._on_gpu = True
     assert engine._calls(["a", "b"], 8, 1) == [(0, 2)]
+
+
+def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_flag(tmp_path):
+    from distrl.evaluate import check_fits
+    from distrl.tiny import build_tiny_model
+
+    model = str(build_tiny_model(tmp_path / "tiny"))
+    check_fits(model, None, ["1+2=" * 10], max_new_tokens=8, max_model_len=48)  # 40 + 8 fits exactly
+    with pytest.raises(SystemExit, match=r"longest prompt \(40 tokens\) plus --max_new_tokens 9 exceeds .* 48"):
+        check_fits(model, None, ["1+2=" * 10], max_new_tokens=9, max_model_len=48)
+    with pytest.raises(SystemExit, match="--tokenizer .* has 151669 tokens but the model embeds only 50"):
+        check_fits(model, str(shared_data() / "tokenizers" / "qwen2.5"), ["1+2="], 8, None)
