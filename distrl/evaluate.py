@@ -330,10 +330,11 @@ def print_report(report: EvalReport, title: str = "distrl eval") -> None:
     if report.by_group:
         k = max(report.settings.get("ks") or [1])
         columns = ["num_problems", "accuracy", f"pass@{k}", f"maj@{k}", "mean_length"]
-        groups = Table(title="by group")
+        groups = Table(title="by group (n: problems, length: mean completion tokens)")
         groups.add_column("group", no_wrap=True)
         for name in columns:
-            groups.add_column(name.replace("num_problems", "problems"), justify="right")
+            groups.add_column({"num_problems": "n", "mean_length": "length"}.get(name, name), justify="right",
+                              no_wrap=True)
         for group, metrics in report.by_group.items():
             groups.add_row(group, *(f"{metrics[m]:.0f}" if m.startswith("num_") else f"{metrics[m]:.3f}"
                                     for m in columns))
