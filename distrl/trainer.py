@@ -155,6 +155,7 @@ def _roles():
             if self.generator is not None:
                 result["generated"] = self.generator.summary()
                 self.generator.close()
+            self.learner.close()  # the buffer client, and the nccl sender (a round nobody joined is aborted)
             return result
 
     @ray.remote(num_cpus=0)

@@ -416,6 +416,8 @@ class Learner:
 
     def close(self) -> None:
         self.client.close()
+        if self.broadcaster is not None:
+            self.broadcaster.close()
 
 
 def _combine(parts: list[dict], rows: list[dict], version: int, grad_norm: float) -> dict:

@@ -136,15 +136,21 @@ class BroadcastSender:
             self._group.broadcast(header, 0).wait()  # starts when every actor has joined the round
             for b in buffers:
                 self._group.broadcast(b, 0).wait()
+            if self.device.type == "cuda":  # NCCL's wait() only orders streams: block until the round is
+                torch.cuda.synchronize(self.device)  # done, so rounds are not queued up unjoined
             with self._cv:
                 self.rounds += 1
                 self.sent = version
                 self._cv.notify_all()
 
     def close(self) -> None:
+        """Stop the sender; a round no actor joined is aborted, so the process can exit."""
         with self._cv:
             self._closed = True
+            unjoined = self.sent < self.published
             self._cv.notify_all()
+        if unjoined and self._group is not None and hasattr(self._group, "abort"):
+            self._group.abort()
 
 
 class BroadcastReceiver:
