@@ -36,11 +36,9 @@ def train(flags: list[str], log_dir: Path, timeout_s: int = 7200) -> tuple[Path,
 
 def scalars(run_dir: Path, tag: str, role: str = "learner0") -> dict[int, float]:
     """{policy version: value} of one TensorBoard scalar of a run."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from distrl.report import read_scalars
 
-    ea = EventAccumulator(str(run_dir / "tb" / role), size_guidance={"scalars": 0})
-    ea.Reload()
-    return {e.step: e.value for e in ea.Scalars(tag)} if tag in ea.Tags()["scalars"] else {}
+    return dict(read_scalars(run_dir / "tb" / role, (tag,)).get(tag, []))
 
 
 def summary(run_dir: Path) -> dict:
@@ -53,7 +51,7 @@ def mean(values) -> float:
 
 
 def sparkline(values: list[float], lo: float, hi: float) -> str:
-    """A one-line text curve (matplotlib is not part of the stack)."""
+    """A one-line text curve, for the terminal."""
     bars = "▁▂▃▄▅▆▇█"
     span = (hi - lo) or 1.0
     return "".join(bars[min(len(bars) - 1, max(0, int((v - lo) / span * len(bars))))] for v in values)
