@@ -5,7 +5,9 @@ written to ``--out`` after every case):
 
 - ``mfu``: learner tokens/s and MFU of one optimizer step (full fine-tuning, bf16, sdpa, fp32 chunked
   head in TF32) on a random-init Qwen2.5 architecture, padded against packed micro-batches, with and
-  without gradient checkpointing; a torch profiler summary of one packed step (``profile_learner.txt``).
+  without gradient checkpointing, compiled layers, the Cut Cross-Entropy head (``--mfu_variants``); a
+  torch profiler summary of one step of ``--profile_variant`` (``profile_learner.txt``); on a GPU, a
+  check of the CCE head against the chunked fp32 one (logprobs, gradients).
   FLOPs are model FLOPs (recomputation not counted): ``6 * N_body`` per input token (N_body = the
   decoder layers' matmul weights), ``6 * V * H`` per completion token (the head runs on completion
   positions only), and causal attention ``6 * L * d_attn * layers`` per token of a sequence of L
@@ -19,11 +21,16 @@ written to ``--out`` after every case):
   the learner's versions 1 and N-1 (TensorBoard wall times; the start-up and the final checkpoint
   are left out); learner idle = GET waits / wall in that window (``learner/idle_fraction_version``);
   actor idle = 1 - generate time / wall in that window (``actor/generate_s``).
+- ``colocated``: one GPU: ``distrl buffer`` and ``distrl learn --learner_generates --number_of_actors 0``
+  (the learner samples its own groups with the HF fast path over its own model while its GET waits,
+  no weight transport), ``--max_staleness 0``; completions/s over the same window as ``async``. This
+  is the like-for-like comparison with TRL (one GPU each).
 - ``generate``: the HF engine fast path against plain ``generate``: read from
   ``bench/results/gpu_generate.json`` (``bench/gpu_generate.py``, another case's script) when it is there.
 - ``trl``: TRL's GRPOTrainer on GPU 0 with the same model, group size, prompts, completion length
   (``min_new_tokens = max_new_tokens``), batch and number of optimizer steps; completions/s between
-  steps 1 and N-1, against distrl's async run over the same window.
+  steps 1 and N-1, against distrl's colocated run (one GPU each) over the same window; the async
+  run's two GPUs against it is reported too.
 
 Usage (GPU): ``python -m bench.gpu_pipeline --tokenizer DIR --out DIR``; on CPU with tiny sizes:
 ``python -m bench.gpu_pipeline --tiny --tokenizer ../shared/data/tokenizers/qwen2.5``.
@@ -36,6 +43,7 @@ import datetime
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -113,13 +121,12 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
     lens = [rnd.randint(args.max_new_tokens // 4, args.max_new_tokens) for _ in range(n)]  # varied lengths
     table = synthetic_rows(n, group, prompt_len, lens, 151936)
     seq_lens = [prompt_len + c - 1 for c in lens]
-    variants = [("padded", 0, False, False), ("packed", args.pack_tokens, False, False),
-                ("packed+ckpt", args.pack_tokens, True, False), ("packed+compile", args.pack_tokens, False, True)]
     results = {}
-    for name, pack_tokens, ckpt, compiled in variants:
+    for name in args.mfu_variants.split(","):
+        pack_tokens, ckpt, compiled, head = variant_settings(name, args.pack_tokens)
         try:
             results[name] = learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_tokens, ckpt,
-                                            compiled, n // group, group)
+                                            compiled, head, n // group, group)
         except Exception as exc:  # one variant failing leaves the others
             traceback.print_exc()
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[-2000:], "mfu": 0.0}
@@ -133,8 +140,60 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
             "variants": results, "best": best, "mfu": results[best]["mfu"]}
 
 
-def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_tokens, ckpt, compiled, groups, group):
-    """Median step time of one learner configuration on ``table``; profiles the ``packed`` one."""
+def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]:
+    """(pack tokens, checkpointing, compiled, head) of a variant name: ``padded`` or ``packed`` or
+    ``pack<N>`` (rows of N tokens), then any of ``+ckpt``, ``+compile``, ``+cce`` (else the chunked head)."""
+    base, *opts = name.split("+")
+    if base == "padded":
+        pack = 0
+    elif base == "packed":
+        pack = pack_tokens
+    elif base.startswith("pack") and base[4:].isdigit():
+        pack = int(base[4:])
+    else:
+        raise ValueError(f"unknown learner variant {name!r}")
+    unknown = set(opts) - {"ckpt", "compile", "cce"}
+    if unknown:
+        raise ValueError(f"unknown options {sorted(unknown)} in learner variant {name!r}")
+    return pack, "ckpt" in opts, "compile" in opts, "cce" if "cce" in opts else "chunked"
+
+
+def head_check(model_dir: Path, n: int = 8192) -> dict:
+    """Cut Cross-Entropy against the chunked fp32 head on the model's (bf16) head weight: logprobs and
+    gradients, for hidden states of two scales (flat and peaked distributions)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from learn.logprobs import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda()
+    weight = model.get_output_embeddings().weight.detach()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    gen = torch.Generator("cuda").manual_seed(0)
+    out = {}
+    for scale in (1.0, 30.0):
+        hidden = (torch.randn(1, n, weight.shape[1], device="cuda", generator=gen) * scale).bfloat16()
+        targets = torch.randint(0, weight.shape[0], (1, n), device="cuda", generator=gen)
+        upstream = torch.randn(1, n, device="cuda", generator=gen)
+        res = {}
+        for impl in ("chunked", "cce"):
+            h = hidden.clone().requires_grad_(True)
+            w = weight.clone().requires_grad_(True)
+            logp = token_logprobs(h, w, targets, 1.0, chunk_tokens=4096, impl=impl)
+            (logp * upstream).sum().backward()
+            res[impl] = (logp.detach().float(), h.grad.float(), w.grad.float())
+        (lc, hc, wc), (lx, hx, wx) = res["chunked"], res["cce"]
+        rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+        out[f"scale{scale:g}"] = {"logp_mean": float(lc.mean()), "logp_max_abs_diff": float((lc - lx).abs().max()),
+                                  "grad_hidden_rel": rel(hx, hc), "grad_weight_rel": rel(wx, wc)}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_tokens, ckpt, compiled, head, groups,
+                    group):
+    """Median step time of one learner configuration on ``table``; profiles ``--profile_variant``."""
     import torch
 
     from distrl.config import TrainConfig
@@ -144,8 +203,8 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     cfg = TrainConfig(model=str(model_dir), backend="hf", finetune="full", dtype="bfloat16" if cuda else "float32",
                       learning_rate=1e-6, learner_chunk_size=args.chunk, learner_pack_tokens=pack_tokens,
                       gradient_checkpointing=ckpt, learner_head_chunk_tokens=args.head_chunk,
-                      learner_compile=compiled, max_new_tokens=args.max_new_tokens, batch_size=groups,
-                      group_size=group)
+                      learner_compile=compiled, learner_head=head, max_new_tokens=args.max_new_tokens,
+                      batch_size=groups, group_size=group)
     lrn = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", str(model_dir))
     flops = model_flops(lrn.model.config, seq_lens, sum(lens))
     for _ in range(args.warmup):
@@ -161,7 +220,7 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
         times.append(time.perf_counter() - t0)
     step = sorted(times)[len(times) // 2]
     mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-    if name == "packed":
+    if name == args.profile_variant:
         profile_step(lrn, table, out / "profile_learner.txt", cuda)
     return {"step_s": step, "times_s": times, "tokens_per_s": sum(seq_lens) / step,
             "mfu": flops / step / PEAK_FLOPS, "tflops": flops / step / 1e12, "peak_mem_gib": mem}
@@ -198,9 +257,10 @@ def scalar_events(tb_dir: Path, tag: str) -> list:
     return [(e.step, e.wall_time, e.value) for e in ea.Scalars(tag)]
 
 
-def run_launchers(args, model_dir: Path, work: Path, staleness: int) -> dict:
-    """distrl buffer + rollout (GPU 0) + learn (GPU 1) to --versions versions; window metrics."""
-    run_name = f"async_s{staleness}"
+def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: bool = False) -> dict:
+    """distrl buffer + rollout (GPU 0) + learn (GPU 1) to --versions versions; window metrics. With
+    ``colocated``: no actor; ``distrl learn --learner_generates --number_of_actors 0`` on GPU 0 alone."""
+    run_name = f"colocated_s{staleness}" if colocated else f"async_s{staleness}"
     port_b, port_pub, port_ep = free_port(), free_port(), free_port()
     buf, pub, ep = (f"tcp://127.0.0.1:{p}" for p in (port_b, port_pub, port_ep))
     common = ["--batch_size", str(args.batch_size), "--group_size", str(args.group_size),
@@ -209,13 +269,15 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int) -> dict:
             "--max_new_tokens", str(args.max_new_tokens), "--finetune", "full", "--backend", "hf",
             "--log_dir", str(work), "--run_name", run_name, "--learning_rate", "1e-6",
             "--checkpoint_every", "0", "--export_final", "off", "--engine", "hf", *common,
-            "--weights_transport", args.weights_transport]
-    if args.weights_transport == "nccl":
+            "--weights_transport", "fs" if colocated else args.weights_transport]
+    if args.weights_transport == "nccl" and not colocated:
         role += ["--weights_broadcast_port", str(free_port())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    gpus = ["0", "1"] if args.gpus >= 2 else ["0", "0"]
+    gpus = ["0", "1"] if args.gpus >= 2 and not colocated else ["0", "0"]
+    extra = ["--learner_generates", "--number_of_actors", "0"] if colocated else []
     logs = work / f"{run_name}.logs"
+    shutil.rmtree(work / run_name, ignore_errors=True)  # a fresh run each time
     logs.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "distrl.cli"]
     procs = {
@@ -224,30 +286,42 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int) -> dict:
                                    stderr=subprocess.STDOUT),
     }
     time.sleep(2)
+    if procs["buffer"].poll() is not None:
+        raise RuntimeError(f"distrl buffer exited: {(logs / 'buffer.out').read_text()[-1000:]}")
     procs["learner"] = subprocess.Popen(
         cli + ["learn", *role, "--buffer_address", buf, "--weights_pub_bind", pub, "--weights_endpoint_bind", ep,
                "--learner_pack_tokens", str(args.pack_tokens), "--learner_chunk_size", str(args.chunk),
                "--learner_head_chunk_tokens", str(args.head_chunk),
-               *(["--learner_compile"] if args.async_compile else [])],
+               *(["--learner_compile"] if args.async_compile and not colocated else []), *extra],
         cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[1]}, stdout=open(logs / "learner.out", "w"),
         stderr=subprocess.STDOUT)
-    procs["actor"] = subprocess.Popen(
-        cli + ["rollout", *role, "--buffer_address", buf, "--weights_pub", pub, "--weights_endpoint", ep],
-        cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
-        stderr=subprocess.STDOUT)
+    if not colocated:
+        procs["actor"] = subprocess.Popen(
+            cli + ["rollout", *role, "--buffer_address", buf, "--weights_pub", pub, "--weights_endpoint", ep],
+            cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
+            stderr=subprocess.STDOUT)
     try:
         code = procs["learner"].wait(timeout=args.async_timeout_s)
     except subprocess.TimeoutExpired:
         code = None
+        spy = shutil.which("py-spy")
+        for name, proc in procs.items():  # where each role is stuck, for the error report
+            if spy and proc.poll() is None:
+                dump = subprocess.run([spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60)
+                (logs / f"{name}.stack").write_text(dump.stdout + dump.stderr)
     for name in ("actor", "buffer", "learner"):
-        if procs[name].poll() is None:
+        if name in procs and procs[name].poll() is None:
             procs[name].terminate()
             try:
                 procs[name].wait(timeout=20)
             except subprocess.TimeoutExpired:
                 procs[name].kill()
     if code != 0:
-        tail = (logs / "learner.out").read_text()[-2000:] + "\n--- actor ---\n" + (logs / "actor.out").read_text()[-2000:]
+        tail = (logs / "learner.out").read_text()[-2000:]
+        if not colocated:
+            tail += "\n--- actor ---\n" + (logs / "actor.out").read_text()[-2000:]
+        for stack in sorted(logs.glob("*.stack")):
+            tail += f"\n--- {stack.name} ---\n" + stack.read_text()[-4000:]
         raise RuntimeError(f"learner exited with {code} (staleness {staleness}):\n{tail}")
     tb = work / run_name / "tb"
     versions = {s: (w, v) for s, w, v in scalar_events(tb / "learner0", "learner/idle_fraction_version")}
@@ -256,10 +330,11 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int) -> dict:
     busy_wall = sum((versions[v][0] - versions[v - 1][0]) for v in range(first + 1, last + 1))
     idle = sum(versions[v][1] * (versions[v][0] - versions[v - 1][0]) for v in range(first + 1, last + 1))
     t0, t1 = versions[first][0], versions[last][0]
-    gen = [(w, v) for _, w, v in scalar_events(tb / "actor0", "actor/generate_s")]
+    actor_tb = tb / ("learner0gen" if colocated else "actor0")
+    gen = [(w, v) for _, w, v in scalar_events(actor_tb, "actor/generate_s")]
     gen_in = sum(min(v, w - t0) for w, v in gen if t0 < w <= t1)  # generate time inside the window
     step_s = [v for _, _, v in scalar_events(tb / "learner0", "learner/tokens_per_s")]
-    toks = [v for _, _, v in scalar_events(tb / "actor0", "actor/tokens_per_s")]
+    toks = [v for _, _, v in scalar_events(actor_tb, "actor/tokens_per_s")]
     return {"wall_s": wall, "versions_timed": last - first, "s_per_version": wall / (last - first),
             "learner_idle": idle / busy_wall, "actor_idle": 1.0 - gen_in / wall,
             "completions_per_s": (last - first) * args.batch_size * args.group_size / wall,
@@ -278,6 +353,22 @@ def case_async(args, model_dir: Path, out: Path) -> dict:
             "settings": {"batch_size": args.batch_size, "group_size": args.group_size,
                          "weights_transport": args.weights_transport, "learner_compile": args.async_compile,
                          "max_new_tokens": args.max_new_tokens, "versions": args.versions, "gpus": args.gpus}}
+
+
+def case_headcheck(args, model_dir: Path, out: Path) -> dict:
+    """The Cut Cross-Entropy head against the chunked fp32 head (CUDA only)."""
+    res = head_check(model_dir)
+    print(f"head check (cce vs chunked fp32): {res}", flush=True)
+    return res
+
+
+def case_colocated(args, model_dir: Path, out: Path) -> dict:
+    """One GPU: the learner generates its own rollouts (``--learner_generates``, the HF fast path over the
+    learner's model, no weight transport), on-policy (``--max_staleness 0``): distrl's one-GPU setting,
+    compared with TRL's GRPOTrainer on one GPU."""
+    res = run_launchers(args, model_dir, Path(args.work) / "colocated", 0, colocated=True)
+    print(f"colocated: {res}", flush=True)
+    return {**res, "gpus": 1}
 
 
 def case_generate(args, model_dir: Path, out: Path) -> dict:
@@ -343,6 +434,9 @@ def table(results: dict) -> str:
     m = results.get("learner_mfu")
     if isinstance(m, dict) and "variants" in m:
         for name, v in m["variants"].items():
+            if "error" in v:
+                rows.append((f"learner {name}", "FAILED: " + v["error"][:70], ">= 40% MFU", "no"))
+                continue
             rows.append((f"learner {name}", f"{v['tokens_per_s']:.0f} tok/s, MFU {v['mfu']:.1%}, "
                          f"{v['peak_mem_gib']:.1f} GiB", ">= 40% MFU", "yes" if v["mfu"] >= 0.4 else "no"))
     a = results.get("async")
@@ -356,7 +450,21 @@ def table(results: dict) -> str:
     t = results.get("trl")
     if isinstance(t, dict) and "completions_per_s" in t and isinstance(a, dict) and "staleness2" in a:
         d = a["staleness2"]["completions_per_s"]
-        rows.append(("vs TRL GRPOTrainer", f"distrl {d:.1f} vs TRL {t['completions_per_s']:.1f} compl/s = "
+        rows.append(("distrl async 2 GPUs vs TRL 1 GPU", f"{d:.1f} vs {t['completions_per_s']:.1f} compl/s = "
+                     f"{d / t['completions_per_s']:.2f}x", "-", "-"))
+    h = results.get("head_check")
+    if isinstance(h, dict) and "error" not in h:
+        for scale, v in h.items():
+            if isinstance(v, dict):
+                rows.append((f"cce vs chunked head, {scale}", f"logp max diff {v['logp_max_abs_diff']:.2g}, grad rel "
+                             f"{v['grad_hidden_rel']:.2g} / {v['grad_weight_rel']:.2g}", "-", "-"))
+    c = results.get("colocated")
+    if isinstance(c, dict) and "completions_per_s" in c:
+        rows.append(("distrl 1 GPU (--learner_generates)", f"{c['completions_per_s']:.1f} compl/s, "
+                     f"{c['s_per_version']:.2f} s/version", "-", "-"))
+    if isinstance(t, dict) and "completions_per_s" in t and isinstance(c, dict) and "completions_per_s" in c:
+        d = c["completions_per_s"]
+        rows.append(("distrl 1 GPU vs TRL 1 GPU", f"{d:.1f} vs {t['completions_per_s']:.1f} compl/s = "
                      f"{d / t['completions_per_s']:.2f}x", ">= 3x", "yes" if d / t["completions_per_s"] >= 3 else "no"))
     g = results.get("generate")
     if isinstance(g, dict) and "result" in g:
@@ -388,6 +496,9 @@ def main(argv=None) -> int:
     p.add_argument("--pack_tokens", type=int, default=None)
     p.add_argument("--chunk", type=int, default=None, help="--learner_chunk_size")
     p.add_argument("--head_chunk", type=int, default=None, help="--learner_head_chunk_tokens")
+    p.add_argument("--mfu_variants", default="padded,packed,packed+ckpt,packed+compile,packed+compile+cce",
+                   help="learner variants of the mfu case: padded|packed|pack<N>, then +ckpt, +compile, +cce")
+    p.add_argument("--profile_variant", default="packed+compile+cce", help="the mfu variant profiled")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--async_timeout_s", type=int, default=240)
@@ -423,10 +534,10 @@ def main(argv=None) -> int:
         results = json.loads(Path(args.reuse).read_text())
         results = results.get("details", results)  # gpu_pipeline.json or gpu_pipeline.partial.json
         machine = results["machine"]
-    needs_model = any(c in ("mfu", "async", "trl") for c in args.cases.split(","))
+    needs_model = any(c in ("mfu", "async", "trl", "colocated", "headcheck") for c in args.cases.split(","))
     model_dir = build_model(args.arch, args.tokenizer, Path(args.work) / f"model-{args.arch}") if needs_model else None
     cases = {"mfu": ("learner_mfu", case_mfu), "async": ("async", case_async), "trl": ("trl", case_trl),
-             "generate": ("generate", case_generate)}
+             "colocated": ("colocated", case_colocated), "headcheck": ("head_check", case_headcheck), "generate": ("generate", case_generate)}
     for name in args.cases.split(","):
         key, fn = cases[name]
         t0 = time.time()
@@ -437,13 +548,16 @@ def main(argv=None) -> int:
             results[key] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
         results[key]["case_s"] = time.time() - t0
         (out / "gpu_pipeline.partial.json").write_text(json.dumps(results, indent=1, default=str))
-    a, t, m, g = (results.get(k, {}) for k in ("async", "trl", "learner_mfu", "generate"))
+    a, t, m, g, c = (results.get(k, {}) for k in ("async", "trl", "learner_mfu", "generate", "colocated"))
+    trl_rate = t.get("completions_per_s")
     summary = {
         "async_speedup": a.get("speedup"), "learner_idle": a.get("learner_idle"), "actor_idle": a.get("actor_idle"),
         "learner_mfu": m.get("mfu"),
         "fast_generate_vs_plain": g.get("ratio"),
-        "vs_trl": (a["staleness2"]["completions_per_s"] / t["completions_per_s"]
-                   if "staleness2" in a and "completions_per_s" in t else None),
+        # like for like: distrl on one GPU (colocated) against TRL on one GPU
+        "vs_trl": c["completions_per_s"] / trl_rate if trl_rate and "completions_per_s" in c else None,
+        "vs_trl_async_2gpu_vs_trl_1gpu": (a["staleness2"]["completions_per_s"] / trl_rate
+                                          if trl_rate and "staleness2" in a else None),
         "date": results["date"], "machine": machine, "details": results,
     }
     (out / "gpu_pipeline.json").write_text(json.dumps(summary, indent=1, default=str))

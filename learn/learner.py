@@ -45,7 +45,7 @@ from distrl.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
-from learn.logprobs import token_logprobs
+from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
 from learn.model import (body_and_head, export_final, frozen_reference, load_policy, reference_context,
                          save_for_publish)
@@ -194,6 +194,8 @@ class Learner:
             # exactly, so the forward logits keep fp32 accumulation at tensor-core speed. (An fp32 model
             # keeps full fp32 matmuls.)
             torch.backends.cuda.matmul.allow_tf32 = True
+        self.head_impl, why = head_impl(cfg.learner_head, self.head, cfg.temperature)
+        log.info("learner%d: LM head %s (%s)", rank, self.head_impl, why)
         broadcast_params(self.params, world_size)
         self.optimizer, self.scheduler = build_optimizer(self.params, cfg.learning_rate, cfg.lr_warmup_steps,
                                                          cfg.max_steps, cfg.lr_schedule)
@@ -233,7 +235,8 @@ class Learner:
             hidden = body(input_ids=mb.packed_ids, position_ids=mb.packed_positions, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1])[mb.packed_index]  # (n, H) in the padded order
         out = token_logprobs(hidden.unsqueeze(0), head, mb.targets[sel].unsqueeze(0), self.cfg.temperature,
-                             chunk_tokens=self.cfg.learner_head_chunk_tokens, return_entropy=entropy)
+                             chunk_tokens=self.cfg.learner_head_chunk_tokens, return_entropy=entropy,
+                             impl=self.head_impl if head is self.head else "chunked")
         lp = out[0] if entropy else out
         logp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=hidden.device)
         logp = logp.index_put(sel.nonzero(as_tuple=True), lp[0])  # (b, T)

@@ -10,6 +10,13 @@ weight-tensor head goes through ``_FusedChunk``, whose hand-written backward for
 ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``. Peak extra memory is about
 ``chunk_tokens * V * 4`` bytes (times a small constant), in forward and in backward.
 
+On a GPU with bf16/fp16 weights, ``impl="cce"`` runs the head through Apple's Cut Cross-Entropy
+(Wijmans et al., "Cut Your Losses in Large-Vocabulary Language Models", 2024; the
+``cut_cross_entropy`` package that Unsloth installs): Triton kernels that compute each position's
+log-sum-exp and target logit over vocabulary tiles in on-chip memory (bf16 inputs, fp32
+accumulation), so no (n, V) buffer is ever written, and the same in backward (gradient filtering
+off; the gradient matmuls take the softmax gradient in bf16, as bf16 autograd would). :func:`head_impl` picks it where it applies.
+
 Units: natural-log probabilities of ``softmax(lm_head(hidden) / temperature)``, the same
 distribution vLLM samples from and reports with ``logprobs_mode="processed_logprobs"`` (top-k/top-p
 truncation aside). Shifting (hidden at position t predicts token t+1) is the caller's job.
@@ -80,6 +87,69 @@ class _FusedChunk(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
+HEAD_IMPLS = ("auto", "chunked", "cce")
+ENTROPY_SAMPLE = 1024  # positions per call whose entropy the cce path computes (see token_logprobs)
+
+
+def head_impl(requested: str, lm_head: torch.nn.Module | torch.Tensor, temperature: float) -> tuple[str, str]:
+    """Resolve ``--learner_head`` to ``("chunked" | "cce", why)``.
+
+    ``cce`` needs a CUDA device, a bf16/fp16 Linear or tensor head without bias, temperature 1 (the
+    kernel takes the hidden states in their own dtype, where dividing by another temperature would
+    round) and the ``cut_cross_entropy`` package. ``auto`` takes ``cce`` when all hold, else
+    ``chunked``. Raises ValueError if ``cce`` is requested and one does not hold (naming it).
+    """
+    if requested not in HEAD_IMPLS:
+        raise ValueError(f"--learner_head must be one of {HEAD_IMPLS}, got {requested!r}")
+    if requested == "chunked":
+        return "chunked", "asked for"
+    params = _head_params(lm_head)
+    reason = None
+    if params is None or params[1] is not None:
+        reason = "the head is not a bias-free Linear"
+    elif params[0].device.type != "cuda":
+        reason = "the head is not on a CUDA device"
+    elif params[0].dtype not in (torch.bfloat16, torch.float16):
+        reason = f"the head is {params[0].dtype}, not bf16/fp16"
+    elif temperature != 1.0:
+        reason = f"--temperature is {temperature}, not 1.0"
+    else:
+        try:
+            import cut_cross_entropy  # noqa: F401
+        except ImportError:
+            reason = "cut_cross_entropy is not installed"
+    if reason is None:
+        return "cce", "bf16 head on CUDA"
+    if requested == "cce":
+        raise ValueError(f"--learner_head cce cannot run: {reason}")
+    return "chunked", reason
+
+
+def _cce_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """hidden (n, H), weight (V, H) in one half dtype, targets (n,) long (negative: ignored) -> (n,)
+    fp32 logprobs at temperature 1, 0.0 on ignored positions; gradient to hidden and weight.
+
+    CCE's log-sum-exp accumulates in fp32, but its target logit sums products rounded to the half
+    dtype (``(e * c).to(float32)`` in its indexed-dot kernel): an error that grows with the logits'
+    size (0.004 nats on a random model, 0.12 at 30x its scale, on an H200). The value is corrected
+    here with the fp32 dot product minus the same rounded sum, which cancels CCE's term; the gradient
+    is CCE's (the target logit's gradient does not depend on how its value was summed).
+    """
+    from cut_cross_entropy import linear_cross_entropy
+
+    hidden = hidden.to(weight.dtype)
+    valid = targets >= 0
+    safe = targets.masked_fill(~valid, -100)  # the package's ignore_index
+    nll = linear_cross_entropy(hidden, weight, safe, ignore_index=-100, reduction="none", filter_eps=None,
+                               impl="cce")
+    with torch.no_grad():
+        picked = weight[targets.clamp(min=0)]  # (n, H)
+        exact = (hidden.float() * picked.float()).sum(-1)  # fp32 products and sum
+        rounded = (hidden * picked).float().sum(-1)  # CCE's: products rounded to the half dtype
+        fix = torch.where(valid, exact - rounded, torch.zeros_like(exact))
+    return fix - nll.float()
+
+
 def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperature: float,
            module, want_entropy: bool):
     """One chunk: hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32]."""
@@ -101,7 +171,7 @@ def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperatur
 
 def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor,
                    target_ids: torch.Tensor, temperature: float, chunk_tokens: int = 1024,
-                   return_entropy: bool = False):
+                   return_entropy: bool = False, impl: str = "chunked"):
     """Log-probabilities of ``target_ids`` under ``softmax(lm_head(hidden) / temperature)``.
 
     Args:
@@ -119,6 +189,11 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
             most this many positions at a time.
         return_entropy: also return the per-token entropy (nats) of the tempered distribution,
             computed from the same chunk without gradient.
+        impl: ``"chunked"`` (the fp32 chunks above) or ``"cce"`` (Cut Cross-Entropy; resolve it with
+            :func:`head_impl`). With ``cce`` and ``return_entropy``, the entropy is computed exactly
+            at a strided sample of at most ``ENTROPY_SAMPLE`` positions (by the chunked code, no
+            gradient) and every other position holds that sample's mean, so its sum estimates the
+            total without another pass over the vocabulary for every position.
 
     Returns:
         logprobs (B, T) float32 with gradient to ``hidden`` and the head; with ``return_entropy``,
@@ -132,16 +207,28 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
 
+    if impl not in ("chunked", "cce"):
+        raise ValueError(f"impl must be 'chunked' or 'cce', got {impl!r}")
     params = _head_params(lm_head)
+    b, t, h = hidden.shape
+    flat_hidden = hidden.reshape(b * t, h)  # (N, H)
+    flat_targets = target_ids.reshape(b * t).long()  # (N,)
+    if impl == "cce" and b * t > 0:
+        logprobs = _cce_logprobs(flat_hidden, params[0], flat_targets).reshape(b, t)
+        if not return_entropy:
+            return logprobs
+        with torch.no_grad():
+            step = -(-(b * t) // ENTROPY_SAMPLE)
+            sample = flat_hidden[::step]
+            _, sampled = _chunk(sample, params[0].float(), None, flat_targets[::step], temperature, None, True)
+            entropy = sampled.mean().expand(b * t).clone()
+            entropy[::step] = sampled
+        return logprobs, entropy.reshape(b, t)
     module = lm_head if params is None else None
     weight = bias = None
     if params is not None:
         weight = params[0].float()
         bias = None if params[1] is None else params[1].float()
-
-    b, t, h = hidden.shape
-    flat_hidden = hidden.reshape(b * t, h)  # (N, H)
-    flat_targets = target_ids.reshape(b * t).long()  # (N,)
     logps, entropies = [], []
     for start in range(0, b * t, chunk_tokens):
         end = min(start + chunk_tokens, b * t)

@@ -82,10 +82,16 @@ class HFEngine(Engine):
     def sharing(cls, model, tokenizer, max_model_len: int | None = None, seed: int = 0) -> "HFEngine":
         """An engine that samples with an existing ``model`` object (e.g. the learner's, LoRA-wrapped or
         not): no copy, so it always serves the model's current weights; the owner sets ``version``.
-        Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer."""
+        Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer.
+        On CUDA it samples through the fast path (captured graphs stay valid: optimizers update the
+        weights in place) unless the model is PEFT-wrapped (its adapters may be swapped)."""
         engine = cls.__new__(cls)
         engine.device = next(model.parameters()).device
         engine._setup(model, tokenizer, getattr(model, "name_or_path", "shared"), max_model_len, seed, False)
+        peft = hasattr(model, "peft_config")
+        if engine.device.type == "cuda" and not peft and supports_static(model.config):
+            engine._fast = StaticSampler(lambda: engine.base, engine.pad_id, engine.stop_ids, engine.generator,
+                                         cuda_graphs=True, interval=INFLIGHT_INTERVAL, compile_step=True)
         return engine
 
     def _setup(self, base, tokenizer, model_name: str, max_model_len: int | None, seed: int,

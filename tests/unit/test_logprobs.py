@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from learn.logprobs import token_logprobs
+from learn.logprobs import head_impl, token_logprobs
 
 B, T, H, V = 2, 5, 8, 11
 TEMP = 0.7
@@ -100,3 +100,19 @@ def test_negative_targets_ignored_and_validation():
         token_logprobs(hidden, head, targets, 0.0)
     with pytest.raises(ValueError):
         token_logprobs(hidden, head, targets[:, :2], TEMP)
+    with pytest.raises(ValueError, match="impl"):
+        token_logprobs(hidden, head, targets, TEMP, impl="triton")
+
+
+def test_head_impl_resolution_on_cpu():
+    """`--learner_head auto` falls back to the chunked head where Cut Cross-Entropy cannot run, naming
+    why; asking for cce there is an error naming the flag."""
+    head = torch.nn.Linear(8, 32, bias=False).to(torch.bfloat16)
+    assert head_impl("chunked", head, 1.0) == ("chunked", "asked for")
+    impl, why = head_impl("auto", head, 1.0)
+    assert impl == "chunked" and "CUDA" in why
+    assert head_impl("auto", torch.nn.Linear(8, 32), 1.0)[1] == "the head is not a bias-free Linear"
+    with pytest.raises(ValueError, match="--learner_head cce"):
+        head_impl("cce", head, 1.0)
+    with pytest.raises(ValueError, match="--learner_head must be one of"):
+        head_impl("fast", head, 1.0)
