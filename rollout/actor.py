@@ -271,7 +271,10 @@ class RolloutActor:
                 self._serve_final()
                 break
             if reply["granted"] == 0:
-                self.weights.poll()
+                newest = self.weights.poll()
+                if newest.version > self.version:  # idle: take the newest version now (with --weights_transport
+                    self._refresh_weights(newest.version)  # nccl, the learner's round waits for this actor)
+                    continue
                 time.sleep(0.05)
                 idle_s += 0.05
                 continue

@@ -133,11 +133,16 @@ class BroadcastSender:
                 version, buffers = self._pending
                 self._pending = None
             header = torch.tensor([version], dtype=torch.int64, device=self.device)
-            self._group.broadcast(header, 0).wait()  # starts when every actor has joined the round
-            for b in buffers:
-                self._group.broadcast(b, 0).wait()
-            if self.device.type == "cuda":  # NCCL's wait() only orders streams: block until the round is
-                torch.cuda.synchronize(self.device)  # done, so rounds are not queued up unjoined
+            works = [self._group.broadcast(header, 0)]  # runs when every actor has joined the round
+            works += [self._group.broadcast(b, 0) for b in buffers]
+            # Poll for the round's end instead of wait()/synchronize: NCCL's wait() only orders streams
+            # (rounds nobody joined would queue up), and a blocking device sync here, behind a round
+            # that the actors join only once this process goes on (its final checkpoint, its STOP),
+            # stalled the learner on a GPU. Polling holds neither the GIL nor the device.
+            while not all(w.is_completed() for w in works):
+                if self._closed:
+                    return
+                time.sleep(0.002)
             with self._cv:
                 self.rounds += 1
                 self.sent = version
