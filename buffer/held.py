@@ -1,15 +1,16 @@
 """The in-memory form of the buffer's groups: record batches with their top-k rows, in numpy-indexed slots.
 
 Groups stay in the record batch they arrived in (zero-copy over the received message; a PUT may
-carry several groups, each then a slice of it). Their per-group numbers (seq, arrival, staleness
-version, reward variance, uses) live in numpy columns so that eligibility, eviction and ordering
-are vectorized over all held groups; :func:`cut` makes a batch's rows with one concatenation (of
-runs of neighbouring groups from the same message) and one take, whatever the number of groups.
+carry several groups, each then a slice of it). Everything else about a held group lives in numpy
+columns of :class:`Slots` (seq, arrival, staleness version, reward variance, uses, its first row in
+that batch, its bytes, its top-k rows): eligibility, eviction and ordering are vectorized over all
+held groups, and a PUT's groups are admitted with one assignment per column (no Python object per
+group). :func:`cut` makes a batch's rows with one concatenation (of runs of neighbouring groups from
+the same message) and one take, whatever the number of groups.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -24,20 +25,21 @@ class Parsed(NamedTuple):
     """What :func:`parse_groups` reads from m groups of n rows."""
 
     group_ids: list[str]  # (m,)
-    versions: list[int]  # (m,) policy versions
+    versions: np.ndarray  # (m,) int64 policy versions
     sample_ids: list[str]  # (m * n,)
-    keep: np.ndarray  # (m, k) top-k row indices within each group, ascending
-    variance: list[float]  # (m,) population variance of the rewards; exactly 0.0 when all equal
+    keep: np.ndarray  # (m, k) int64 top-k row indices within each group, ascending
+    variance: np.ndarray  # (m,) float64 population variance of the rewards; exactly 0.0 when all equal
 
 
 def rows_of(batch: pa.RecordBatch, groups: list[int], n: int) -> pa.RecordBatch:
     """The rows of the given groups (indices of runs of n rows) of ``batch``."""
-    return batch.take(pa.array(np.concatenate([np.arange(i * n, (i + 1) * n) for i in groups])))
+    return batch.take(pa.array((np.asarray(groups, np.int64)[:, None] * n + np.arange(n)).ravel()))
 
 
 def parse_groups(batch: pa.RecordBatch, n: int, topk: int, topk_by: str) -> Parsed:
     """Validate whole groups (runs of ``n`` rows) and compute their top-k rows and reward variances,
-    vectorized over the batch: a PUT's cost must not grow with Python work per row.
+    vectorized over the batch: a PUT's cost must not grow with Python work per row (two ``to_pylist``
+    of string columns are the only per-row Python: group ids for the checks, sample ids for de-duplication).
 
     Raises ValueError naming what is wrong.
     """
@@ -49,101 +51,120 @@ def parse_groups(batch: pa.RecordBatch, n: int, topk: int, topk_by: str) -> Pars
     m, ids = rows // n, col(_COL["group_id"]).to_pylist()
     versions = col(_COL["policy_version"]).to_numpy().reshape(m, n)
     heads = ids[::n]
-    if any(ids[i * n:(i + 1) * n].count(heads[i]) != n for i in range(m)) or (versions != versions[:, :1]).any():
+    # ufunc reductions, not ndarray.any/min/all (each of those goes through a Python-level wrapper)
+    mixed = np.logical_or.reduce(versions != versions[:, :1], axis=None)
+    if mixed or any(ids[i * n:(i + 1) * n].count(heads[i]) != n for i in range(m)):
         raise ValueError(f"all rows of a group must share group_id and policy_version (groups are runs of "
                          f"group_size={n} rows), got group ids {sorted(set(ids))[:4]}")
     if len(set(heads)) != m:
         raise ValueError(f"group ids {heads[:4]} repeat within one PUT")
-    if (versions[:, 0] < 0).any():
+    versions = versions[:, 0]
+    if np.minimum.reduce(versions) < 0:
         raise ValueError(f"groups {heads[:4]} have a negative policy_version")
     sample_ids = col(_COL["sample_id"]).to_pylist()
     if len(set(sample_ids)) != rows:
         raise ValueError(f"sample ids within groups {heads[:4]} are not unique")
     rewards, advantages = col(_COL["reward"]).to_numpy(), col(_COL["advantage"]).to_numpy()
     for name, values in (("reward", rewards), ("advantage", advantages)):
-        if not np.isfinite(values).all():
+        if not np.logical_and.reduce(np.isfinite(values)):
             raise ValueError(f"groups {heads[:4]} hold a NaN or infinite {name}")
     rewards = rewards.reshape(m, n).astype(np.float64)
-    keys = rewards if topk_by == "reward" else np.abs(advantages.reshape(m, n))
-    keep = np.sort(np.argsort(-keys, axis=1, kind="stable")[:, :topk], axis=1)  # ties go to the earlier row
+    if topk == n:
+        keep = np.broadcast_to(np.arange(n), (m, n))
+    else:
+        keys = rewards if topk_by == "reward" else np.abs(advantages.reshape(m, n))
+        keep = np.sort(np.argsort(-keys, axis=1, kind="stable")[:, :topk], axis=1)  # ties go to the earlier row
     # population variance with np.var's arithmetic (same bits) in under half its time (no Python-level
     # wrapper); the mean of n equal float32 values is exact in float64, so equal rewards give exactly 0.0
     centred = rewards - np.add.reduce(rewards, 1, keepdims=True) / n  # (m, n)
     variance = np.add.reduce(centred * centred, 1) / n
-    return Parsed(heads, versions[:, 0].tolist(), sample_ids, keep, variance.tolist())
-
-
-@dataclass
-class Held:
-    """A group in memory: rows ``[offset, offset + rows)`` of ``parent`` (the record batch it arrived
-    in), the rows top-k keeps (relative to the group), and its share of the Arrow bytes."""
-
-    parent: pa.RecordBatch
-    offset: int
-    rows: int
-    keep: np.ndarray
-    nbytes: int
-
-    @property
-    def batch(self) -> pa.RecordBatch:
-        return self.parent.slice(self.offset, self.rows)
+    return Parsed(heads, versions, sample_ids, keep, variance)
 
 
 class Slots:
-    """Numpy columns of the held groups, one slot per group; freed slots are reused, capacity doubles."""
+    """Numpy columns of the held groups, one slot per group; freed slots are reused, capacity doubles.
+
+    A slot holds the group's ``parent`` record batch (a Python list), its first row ``offset`` in it,
+    ``nbytes`` (its share of the message), ``keep`` (its top-k rows relative to the group, (k,)), and
+    seq, arrival, version, variance, uses and ``alive``.
+    """
 
     COLUMNS = (("seq", np.int64), ("arrival", np.int64), ("version", np.int64), ("variance", np.float64),
-               ("uses", np.int64), ("alive", np.bool_))
+               ("uses", np.int64), ("alive", np.bool_), ("offset", np.int64), ("nbytes", np.int64))
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, topk: int, capacity: int = 1024) -> None:
         for name, dtype in self.COLUMNS:
             setattr(self, name, np.zeros(capacity, dtype))
-        self.groups: list[Held | None] = [None] * capacity
+        self.keep = np.zeros((capacity, topk), np.int64)
+        self.parents: list[pa.RecordBatch | None] = [None] * capacity
         self._free = list(range(capacity - 1, -1, -1))
 
-    def add(self, seq: int, arrival: int, version: int, variance: float, uses: int, group: Held) -> int:
-        if not self._free:
-            n = len(self.alive)
-            for name, dtype in self.COLUMNS:
-                setattr(self, name, np.concatenate([getattr(self, name), np.zeros(n, dtype)]))
-            self.groups.extend([None] * n)
-            self._free = list(range(2 * n - 1, n - 1, -1))
-        i = self._free.pop()
-        self.seq[i], self.arrival[i], self.version[i] = seq, arrival, version
-        self.variance[i], self.uses[i], self.alive[i], self.groups[i] = variance, uses, True, group
-        return i
+    def _grow(self) -> None:
+        n = len(self.alive)
+        for name, dtype in self.COLUMNS:
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(n, dtype)]))
+        self.keep = np.concatenate([self.keep, np.zeros_like(self.keep)])
+        self.parents.extend([None] * n)
+        self._free = list(range(2 * n - 1, n - 1, -1)) + self._free
 
-    def remove(self, i: int) -> Held:
-        group, self.groups[i], self.alive[i] = self.groups[i], None, False
-        self._free.append(i)
-        return group
+    def add(self, parent: pa.RecordBatch, offset: np.ndarray, keep: np.ndarray, nbytes: int, seq: np.ndarray,
+            arrival: int, version: np.ndarray, variance: np.ndarray, uses: int) -> np.ndarray:
+        """Hold c groups of ``parent`` (``offset``, ``seq``, ``version``, ``variance``: (c,); ``keep``:
+        (c, k)); arrivals are ``arrival, arrival + 1, ...``. Returns their (c,) slots."""
+        count = len(offset)
+        while len(self._free) < count:
+            self._grow()
+        taken = self._free[:-count - 1:-1]  # the last freed first
+        del self._free[-count:]
+        lo = min(taken)
+        if max(taken) - lo == count - 1:  # a run of slots (always while none was freed): slices are cheaper
+            slots, index = np.arange(lo, lo + count), slice(lo, lo + count)
+            self.parents[index] = [parent] * count
+        else:
+            slots = index = np.array(taken, np.intp)
+            for i in taken:
+                self.parents[i] = parent
+        self.seq[index], self.arrival[index], self.version[index] = seq, np.arange(arrival, arrival + count), version
+        self.variance[index], self.uses[index], self.alive[index] = variance, uses, True
+        self.offset[index], self.nbytes[index], self.keep[index] = offset, nbytes, keep
+        return slots
+
+    def remove(self, slots: np.ndarray) -> int:
+        """Free the slots (no longer held); returns their total ``nbytes``."""
+        slots = np.asarray(slots, np.intp)
+        self.alive[slots] = False
+        freed = slots.tolist()
+        for i in freed:
+            self.parents[i] = None
+        self._free.extend(freed)
+        return int(self.nbytes[slots].sum())
 
     def live(self) -> np.ndarray:
         return np.flatnonzero(self.alive)
 
 
-def cut(groups: list[Held], stamps: list[int] | None) -> pa.Table:
-    """The kept rows of ``groups``, in order, as one contiguous table: one concatenation, one take.
+def cut(parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, n: int,
+        stamps: np.ndarray | None) -> pa.Table:
+    """The kept rows of g groups, in order, as one contiguous table: one concatenation, one take.
 
-    ``stamps``: a policy version per group to write over ``policy_version`` (restamp), or None.
+    Group j is rows ``[offset[j], offset[j] + n)`` of ``parents[j]``, of which it keeps ``keep[j]``
+    ((g, k) row indices relative to the group). ``stamps``: (g,) policy versions to write over
+    ``policy_version`` (restamp), or None.
     """
-    if not groups:
+    if not parents:
         return COMPLETION_SCHEMA.empty_table()
-    runs: list[list] = []  # [parent, first row, rows]: neighbouring groups of one message form one slice
-    index, total = [], 0
-    for g in groups:
-        last = runs[-1] if runs else None
-        if last is not None and last[0] is g.parent and last[1] + last[2] == g.offset:
-            last[2] += g.rows
-        else:
-            runs.append([g.parent, g.offset, g.rows])
-        index.append(g.keep + total)
-        total += g.rows
-    rows = pa.concat_batches([parent.slice(first, n) for parent, first, n in runs]).take(pa.array(np.concatenate(index)))
+    first = offset.tolist()
+    slices, start = [], 0  # neighbouring groups of one message form one slice
+    for j in range(1, len(parents) + 1):
+        if j == len(parents) or parents[j] is not parents[j - 1] or first[j] != first[j - 1] + n:
+            slices.append(parents[start].slice(first[start], (j - start) * n))
+            start = j
+    index = (keep + np.arange(0, len(parents) * n, n)[:, None]).ravel()
+    rows = (slices[0] if len(slices) == 1 else pa.concat_batches(slices)).take(pa.array(index))
     table = pa.Table.from_batches([rows])
     if stamps is not None:
         i = table.schema.get_field_index("policy_version")
-        versions = np.repeat(np.asarray(stamps, np.int64), [len(g.keep) for g in groups])
+        versions = np.repeat(np.asarray(stamps, np.int64), keep.shape[1])
         table = table.set_column(i, table.schema.field(i), pa.array(versions, pa.int64()))
     return table
 

@@ -34,7 +34,7 @@ from typing import Callable, Literal
 import numpy as np
 import pyarrow as pa
 
-from buffer.held import Held, Slots, as_batch, cut, parse_groups, rows_of
+from buffer.held import Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
 from distrl.wire import COMPLETION_SCHEMA
 
@@ -91,7 +91,7 @@ class GroupStore:
         self.topk_by, self.order, self.filter_zero_variance = topk_by, order, filter_zero_variance
         self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
         self.learner_version = 0
-        self._slots = Slots()
+        self._slots = Slots(topk)
         self._seen: dict[str, int] = {}  # sample_id -> seq of the group that brought it
         self._selections: dict[int, _Selection] = {}  # version -> selection not yet dropped
         self._last_selected = -1  # selections are made for increasing versions only
@@ -129,30 +129,46 @@ class GroupStore:
         """
         batch = as_batch(groups)
         g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
-        n, results, new = self.group_size, [], []
-        seen_before = self._seen.keys() & g.sample_ids  # one set operation in C; usually empty
+        n, m = self.group_size, len(g.group_ids)
+        results = None if self._seen.keys().isdisjoint(g.sample_ids) else self._known(g)  # usually None
+        new = m if results is None else m - sum(r is not None for r in results)
+        self.duplicates += m - new
+        size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // m
+        offset = np.arange(0, m * n, n)  # each group's first row
+        if new < m:  # keep the new groups only
+            index = np.array([i for i, r in enumerate(results) if r is None], np.intp)
+            g = g._replace(versions=g.versions[index], keep=g.keep[index], variance=g.variance[index],
+                           sample_ids=[s for i in index.tolist() for s in g.sample_ids[i * n:(i + 1) * n]])
+            offset = index * n
+        filtered = g.variance == 0.0 if self.filter_zero_variance else None
+        held = new if filtered is None else new - int(filtered.sum())
+        self._check_room(held * n, held * size)
+        first = self._next_seq
+        if persist is not None and new:
+            persist(batch if new == m else rows_of(batch, index.tolist(), n), first)
+        self._next_seq += new
+        seqs = np.arange(first, self._next_seq)
+        self._seen.update(zip(g.sample_ids, np.repeat(seqs, n).tolist()))
+        self._admit(batch, offset, g.keep, size, seqs, g.versions, g.variance, 0, filtered)
+        if results is None:
+            return list(zip(seqs.tolist(), [False] * m))
+        fresh = iter(seqs.tolist())
+        return [(next(fresh), False) if r is None else r for r in results]
+
+    def _known(self, g) -> list[tuple[int, bool] | None]:
+        """Per group of ``g``: ``(seq, True)`` if all its sample ids were accepted before with that group,
+        None if none was. Raises ValueError for a group that mixes seen and unseen sample ids, or those
+        of several groups."""
+        n, results = self.group_size, []
         for i, group_id in enumerate(g.group_ids):
-            known = {self._seen.get(s) for s in g.sample_ids[i * n:(i + 1) * n]} if seen_before else {None}
+            known = {self._seen.get(s) for s in g.sample_ids[i * n:(i + 1) * n]}
             if known == {None}:
-                new.append(i)
                 results.append(None)
             elif len(known) == 1:
                 results.append((known.pop(), True))
             else:
                 raise ValueError(f"group {group_id!r} reuses sample ids of accepted groups (seq "
                                  f"{sorted(s for s in known if s is not None)}) but is not one of them")
-        self.duplicates += len(g.group_ids) - len(new)
-        size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // len(g.group_ids)
-        held = [Held(batch, i * n, n, g.keep[i], size) for i in new]
-        filtered = [self.filter_zero_variance and g.variance[i] == 0.0 for i in new]
-        self._check_room([h for h, f in zip(held, filtered) if not f])
-        if persist is not None and new:
-            persist(batch if len(new) == len(g.group_ids) else rows_of(batch, new, n), self._next_seq)
-        for i, h, f in zip(new, held, filtered):
-            seq, self._next_seq = self._next_seq, self._next_seq + 1
-            self._seen.update(dict.fromkeys(g.sample_ids[i * n:(i + 1) * n], seq))
-            self._admit(seq, g.versions[i], g.variance[i], h, 0, f)
-            results[i] = (seq, False)
         return results
 
     def restore(self, group: pa.Table | pa.RecordBatch, seq: int, uses: int = 0) -> None:
@@ -166,21 +182,21 @@ class GroupStore:
         if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
             raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
         g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
-        if any(s in self._seen for s in g.sample_ids):
+        if not self._seen.keys().isdisjoint(g.sample_ids):
             raise ValueError(f"group {g.group_ids[0]!r} (seq {seq}) repeats sample ids of an earlier group")
         self._seen.update(dict.fromkeys(g.sample_ids, seq))
         self._next_seq = max(self._next_seq, seq + 1)
         self.credits_granted += 1
         if uses >= self.replay_ratio:
             return
-        held = Held(batch, 0, batch.num_rows, g.keep[0], batch.get_total_buffer_size())
-        filtered = self.filter_zero_variance and g.variance[0] == 0.0
-        if not filtered:
-            self._check_room([held])
-        self._admit(seq, g.versions[0], g.variance[0], held, uses, filtered)
+        size = batch.get_total_buffer_size()
+        filtered = np.array([self.filter_zero_variance and g.variance[0] == 0.0])
+        if not filtered[0]:
+            self._check_room(batch.num_rows, size)
+        self._admit(batch, np.zeros(1, np.int64), g.keep, size, np.array([seq]), g.versions, g.variance, uses,
+                    filtered)
 
-    def _check_room(self, held: list[Held]) -> None:
-        rows, nbytes = sum(h.rows for h in held), sum(h.nbytes for h in held)
+    def _check_room(self, rows: int, nbytes: int) -> None:
         over_rows = self.max_rows is not None and self.rows + rows > self.max_rows
         over_bytes = self.max_bytes is not None and self.bytes + nbytes > self.max_bytes
         if over_rows or over_bytes:
@@ -189,29 +205,33 @@ class GroupStore:
                              f"of max_bytes={self.max_bytes} bytes held; retry once the learners consume "
                              f"(or raise --max_rows / --max_bytes)")
 
-    def _admit(self, seq: int, version: int, variance: float, held: Held, uses: int, filtered: bool) -> None:
-        if filtered:
-            self.filtered_since_batch += 1
-            self._count_eviction("zero_variance", 1)
+    def _admit(self, parent: pa.RecordBatch, offset: np.ndarray, keep: np.ndarray, nbytes: int, seq: np.ndarray,
+               version: np.ndarray, variance: np.ndarray, uses: int, filtered: np.ndarray | None) -> None:
+        """Hold c accepted groups of ``parent`` (rows ``offset[j] + [0, group_size)``; ``keep``: (c, k),
+        the rest (c,)), each ``nbytes``; those ``filtered`` (zero variance) or already stale are evicted."""
+        if filtered is not None and filtered.any():
+            self.filtered_since_batch += int(filtered.sum())
+            self._count_eviction("zero_variance", int(filtered.sum()))
+            hold = ~filtered
+            offset, keep, seq, version, variance = offset[hold], keep[hold], seq[hold], version[hold], variance[hold]
+        if not len(offset):
             return
-        stamp = -1 if self.restamp else version
-        slot = self._slots.add(seq, self._next_arrival, stamp, variance, uses, held)
-        self._next_arrival += 1
-        self.rows += held.rows
-        self.bytes += held.nbytes
-        if stamp >= 0 and self.learner_version - stamp > self.max_staleness:
-            self._evict(np.array([slot]), "stale")
+        stamp = np.full(len(offset), -1, np.int64) if self.restamp else version
+        slots = self._slots.add(parent, offset, keep, nbytes, seq, self._next_arrival, stamp, variance, uses)
+        self._next_arrival += len(slots)
+        self.rows += len(slots) * self.group_size
+        self.bytes += len(slots) * nbytes
+        if not self.restamp and np.minimum.reduce(version) < self.learner_version - self.max_staleness:
+            self._evict(slots[version < self.learner_version - self.max_staleness], "stale")
 
     # ---- leaving memory ----------------------------------------------------------------------
 
-    def _remove(self, slot: int) -> None:
-        held = self._slots.remove(slot)
-        self.rows -= held.rows
-        self.bytes -= held.nbytes
+    def _remove(self, slots: np.ndarray) -> None:
+        self.bytes -= self._slots.remove(slots)
+        self.rows -= len(slots) * self.group_size
 
     def _evict(self, slots: np.ndarray, reason: str) -> None:
-        for slot in slots.tolist():
-            self._remove(slot)
+        self._remove(slots)
         self._count_eviction(reason, len(slots))
 
     def _count_eviction(self, reason: str, n: int) -> None:
@@ -306,21 +326,23 @@ class GroupStore:
             return None
         stamps = np.where(s.version[candidates] < 0, version, s.version[candidates])
         primary, secondary = order_keys(self.order, s.arrival[candidates], stamps, s.variance[candidates])
-        chosen = candidates[first_k(primary, secondary, self.batch_size)].tolist()
+        chosen = candidates[first_k(primary, secondary, self.batch_size)]
         s.version[chosen] = np.where(s.version[chosen] < 0, version, s.version[chosen])  # restamp: first use
-        groups, stamps = [s.groups[i] for i in chosen], s.version[chosen].tolist()
-        for slot in chosen:
-            s.uses[slot] += 1
-            if s.uses[slot] >= self.replay_ratio:
-                self._remove(slot)
-            else:  # handed out again later: to the back of the queue
-                s.arrival[slot], self._next_arrival = self._next_arrival, self._next_arrival + 1
+        stamps, offset, keep = s.version[chosen], s.offset[chosen], s.keep[chosen]
+        parents = [s.parents[i] for i in chosen.tolist()]
+        s.uses[chosen] += 1
+        used_up = s.uses[chosen] >= self.replay_ratio
+        again = chosen[~used_up]  # handed out again later: to the back of the queue, in this order
+        s.arrival[again] = np.arange(self._next_arrival, self._next_arrival + len(again))
+        self._next_arrival += len(again)
+        self._remove(chosen[used_up])
         self.selections += 1
         self._last_selected = version
-        self.last_staleness = [version - v for g, v in zip(groups, stamps) for _ in range(len(g.keep))]
+        self.last_staleness = np.repeat(version - stamps, keep.shape[1]).tolist()
         self.filtered_since_batch = 0
-        shards = [cut(groups[r::world_size], stamps[r::world_size] if self.restamp else None)
-                  for r in range(world_size)]
+        n = self.group_size
+        shards = [cut(parents[r::world_size], offset[r::world_size], keep[r::world_size], n,
+                      stamps[r::world_size] if self.restamp else None) for r in range(world_size)]
         return _Selection(version, world_size, shards)
 
     def fresh_groups(self, learner_version: int | None = None) -> int:

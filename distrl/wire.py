@@ -58,6 +58,10 @@ class MsgType(str, enum.Enum):
     ERROR = "ERROR"  # {error: text, code: one of ERROR_CODES}
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with options builds one per call
+_TYPES = {t.value: t for t in MsgType}  # faster than MsgType(value)
+
+
 @dataclass
 class Header:
     """Frame 0 of every message: ``{"type", "schema", "sender", "seq", ...fields}``."""
@@ -70,7 +74,7 @@ class Header:
     def encode(self) -> bytes:
         doc = {"type": self.type.value, "schema": SCHEMA_VERSION, "sender": self.sender, "seq": self.seq}
         doc.update(self.fields)
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return _JSON.encode(doc).encode()
 
     @classmethod
     def decode(cls, frame: bytes) -> "Header":
@@ -85,10 +89,10 @@ class Header:
             raise WireError("header must be a JSON object")
         if doc.get("schema") != SCHEMA_VERSION:
             raise VersionError(f"schema version {doc.get('schema')!r}, this side speaks {SCHEMA_VERSION}")
-        try:
-            msg_type = MsgType(doc.pop("type", None))
-        except ValueError:
-            raise WireError(f"unknown message type in header {frame[:80]!r}") from None
+        name = doc.pop("type", None)
+        msg_type = _TYPES.get(name) if isinstance(name, str) else None
+        if msg_type is None:
+            raise WireError(f"unknown message type in header {frame[:80]!r}")
         sender, seq = doc.pop("sender", ""), doc.pop("seq", 0)
         doc.pop("schema")
         if not isinstance(sender, str) or not isinstance(seq, int):

@@ -399,6 +399,32 @@ def test_reward_variance_is_numpys_population_variance_and_exactly_zero_when_rew
     rewards[2], rewards[4] = 0.3, -7.1e-5  # all equal: exactly 0.0, whatever the rounding of the mean
     batch = pa.concat_tables([make_group(f"g{i}", group_size=5, rewards=r.tolist())
                               for i, r in enumerate(rewards)]).combine_chunks().to_batches()[0]
-    variance = parse_groups(batch, 5, 2, "reward").variance
+    variance = parse_groups(batch, 5, 2, "reward").variance.tolist()
     assert variance == rewards.astype(np.float64).var(axis=1).tolist()
     assert variance[2] == 0.0 and variance[4] == 0.0 and min(variance[:2] + variance[5:]) > 0.0
+
+
+@pytest.mark.parametrize("restamp", [False, True])
+def test_several_groups_a_put_equal_one_group_a_put(restamp):
+    """The vectorized path (one put_groups of many groups) against one put per group, through duplicates,
+    zero-variance and stale groups, re-used slots and slot growth (more than 1024 groups held)."""
+    rng = np.random.default_rng(0)
+    kw = dict(batch_size=8, max_staleness=2, topk=1, group_size=2, filter_zero_variance=True, replay_ratio=2,
+              restamp=restamp)
+    together, apart, sent, version, most = store(**kw), store(**kw), [], 0, 0
+    for step in range(40):
+        fresh = [make_group(f"s{step}g{i}", policy_version=int(rng.integers(max(0, version - 3), version + 2)),
+                 group_size=2, rewards=rng.integers(0, 3, 2).tolist()) for i in range(50)]
+        resent = [sent[i] for i in rng.choice(len(sent), size=min(3, len(sent)), replace=False)]
+        groups = fresh + resent
+        sent += fresh
+        assert together.put_groups(pa.concat_tables(groups)) == [apart.put(g) for g in groups]
+        most = max(most, together.stats()["groups"])
+        if step >= 30:
+            version += 1
+            a, b = together.select(version, 0, 1), apart.select(version, 0, 1)
+            assert (a is None) == (b is None) and (a is None or a.equals(b))
+    a, b = together.stats(), apart.stats()
+    assert a.pop("bytes") > 0 and b.pop("bytes") > 0  # a multi-group PUT splits its message's bytes evenly
+    assert a == b and most > 1024 and a["duplicates"] > 0 and a["evicted_zero_variance"] > 0
+    assert restamp or a["evicted_stale"] > 0
