@@ -178,6 +178,7 @@ def main() -> dict:
     p.add_argument("--rounds", type=int, default=3, help="interleaved raw/buffer rounds (medians are reported)")
     p.add_argument("--fill_rows", type=int, default=1_000_000, help="completions sent before timing GETs")
     p.add_argument("--gets", type=int, default=200)
+    p.add_argument("--no_ray", action="store_true", help="skip the Ray baseline (a machine without Ray)")
     p.add_argument("--raw-server", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.raw_server:
@@ -234,7 +235,7 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
                 proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     ray_msgs, ray_bytes = encode_puts(big[:min(400, big_n)], 1)
-    r["ray"] = ray_bytes / ray_ingest(big[:min(400, big_n)], a.window)
+    r["ray"] = None if a.no_ray else ray_bytes / ray_ingest(big[:min(400, big_n)], a.window)
     return r
 
 
@@ -250,11 +251,14 @@ def report(r: dict, n: int) -> None:
              (f"buffer --fsync never, {per} groups a PUT", med["never"], med["never"] / med["raw"]),
              ("raw ZeroMQ, 1 group a message", med["raw_single"], 1.0),
              ("buffer --fsync batch, 1 group a PUT", med["buffer_single"], ratio_single),
-             ("Ray actor, rows as Python objects", r["ray"], r["ray"] / med["raw_single"])]
+             ("Ray actor, rows as Python objects", r["ray"], r["ray"] / med["raw_single"] if r["ray"] else None)]
     print(f"\ningest on loopback: one client with {r['window']} PUTs in flight; groups of {n} completions of 256 "
           f"tokens ({row_bytes / 1e3:.1f} kB a row); median of {r['rounds']} interleaved rounds")
     print(f"{'path':40s} {'MB/s':>9s} {'rows/s':>10s} {'vs raw':>7s}")
     for name, mbs, vs in lines:
+        if mbs is None:
+            print(f"{name:40s} {'not run':>9s}")
+            continue
         print(f"{name:40s} {mbs / 1e6:9.1f} {mbs / row_bytes:10.0f} {vs:7.2f}")
     print(f"{'raw ZeroMQ, 16-token groups':40s} {r['raw_small'] / 1e6:9.1f}")
     print(f"{'buffer, 16-token groups (the 1M fill)':40s} {r['buffer_small'] / 1e6:9.1f} {'':10s} "
@@ -263,13 +267,14 @@ def report(r: dict, n: int) -> None:
           f"completions (holding {r['held_rows']:,}): p50 {r['get_p50_ms']:.2f} ms, p99 {r['get_p99_ms']:.2f} ms")
     out = {"ingest_vs_raw_zmq": round(ratio, 3), "get_p50_ms": round(r["get_p50_ms"], 3),
            "get_p99_ms": round(r["get_p99_ms"], 3), "ingest_mb_s": round(med["buffer"] / 1e6, 1),
-           "ray_baseline_ratio": round(med["buffer"] / r["ray"], 2), "ingest_rows_s": round(med["buffer"] / row_bytes),
+           "ray_baseline_ratio": round(med["buffer"] / r["ray"], 2) if r["ray"] else None, "ingest_rows_s": round(med["buffer"] / row_bytes),
            "groups_per_put": per, "raw_zmq_mb_s": round(med["raw"] / 1e6, 1),
            "ingest_vs_raw_zmq_one_group_per_put": round(ratio_single, 3),
            "ingest_mb_s_one_group_per_put": round(med["buffer_single"] / 1e6, 1),
            "ingest_mb_s_fsync_never": round(med["never"] / 1e6, 1),
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
-           "completions_held_at_get": r["held_rows"], "window": r["window"]}
+           "completions_held_at_get": r["held_rows"], "window": r["window"],
+           "machine": f"{os.cpu_count()} cores"}
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "buffer.json").write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out))
