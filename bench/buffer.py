@@ -157,6 +157,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of a process's threads, by role: ``main`` (the serving loop),
+    ``zmq_io`` (ZeroMQ's I/O threads) and ``other`` (the buffer's commit thread, TensorBoard's writer);
+    empty where /proc is not there."""
+    out = {"main": 0.0, "zmq_io": 0.0, "other": 0.0}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # a thread that just ended
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        role = "main" if int(tid) == pid else "zmq_io" if name.startswith("ZMQbg/IO") else "other"
+        out[role] += (int(rest[11]) + int(rest[12])) / tick  # utime, stime
+    return out
+
+
+def pump_profiled(address: str, messages: list[list[bytes]], window: int, pid: int) -> tuple[float, dict]:
+    """:func:`pump`, and the server's CPU microseconds per message by thread role (:func:`thread_cpu`)."""
+    before = thread_cpu(pid)
+    seconds = pump(address, messages, window)
+    after = thread_cpu(pid)
+    return seconds, {k: (after[k] - before[k]) / len(messages) * 1e6 for k in before}
+
+
 def get_latencies(address: str, gets: int) -> np.ndarray:
     """Milliseconds per GET (one new version each), round trip with the body decoded."""
     with BufferClient(address, "learner0", timeout_s=60.0) as c:
@@ -208,7 +237,8 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
              buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never")]
     raw, buf, nosync = (f"tcp://127.0.0.1:{p}" for p in ports)
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
-         "never": [], "raw_single": [], "buffer_single": []}
+         "never": [], "raw_single": [], "buffer_single": [], "cpu_raw": [], "cpu_buffer": []}
+    pids = {"raw": procs[0].pid, "buffer": procs[1].pid}
     try:
         for address in (raw, buf, nosync):  # warm up (first Arrow calls import lazily): not timed
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
@@ -221,6 +251,12 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
             for key, address in (("raw_single", raw), ("buffer_single", buf)):
                 r[key].append(single_bytes / pump(address, single, a.window))
             r["big_rows"], r["big_bytes"] = big_n // 2 * n, nbytes
+        r["prof_groups"] = 500 if a.quick else 4000
+        prof = make_groups(r["prof_groups"], n, completion_len=256, prompt_len=128, tag="prof")
+        prof_msgs = encode_puts(prof, a.groups_per_put)[0]  # long enough for the 10 ms CPU clock ticks
+        for key, address in (("raw", raw), ("buffer", buf)):
+            r[f"cpu_{key}"].append(pump_profiled(address, prof_msgs, a.window, pids[key])[1])
+        del prof, prof_msgs
         small_msgs, r["small_bytes"] = encode_puts(small, a.groups_per_put)
         r["raw_small"] = r["small_bytes"] / pump(raw, small_msgs, a.window)
         r["buffer_small"] = r["small_bytes"] / pump(buf, small_msgs, a.window)
@@ -263,6 +299,12 @@ def report(r: dict, n: int) -> None:
     print(f"{'raw ZeroMQ, 16-token groups':40s} {r['raw_small'] / 1e6:9.1f}")
     print(f"{'buffer, 16-token groups (the 1M fill)':40s} {r['buffer_small'] / 1e6:9.1f} {'':10s} "
           f"{r['buffer_small'] / r['raw_small']:7.2f}")
+    cpu = {key: {role: float(np.median([c[role] for c in r[f"cpu_{key}"]])) for role in r[f"cpu_{key}"][0]}
+           for key in ("raw", "buffer") if r[f"cpu_{key}"] and r[f"cpu_{key}"][0]}
+    if cpu:
+        print(f"\nserver CPU per {per}-group message, microseconds (user + system, medians): "
+              + "; ".join(f"{key}: " + ", ".join(f"{role} {us:.0f}" for role, us in c.items()) for key, c in cpu.items()))
+        print(f"(one extra pass of {r['prof_groups']} groups to each server, its time not counted above)")
     print(f"\nGET of 256 groups, top-{r['k']} ({256 * r['k']} rows), fifo, from a buffer sent {r['put_rows']:,} "
           f"completions (holding {r['held_rows']:,}): p50 {r['get_p50_ms']:.2f} ms, p99 {r['get_p99_ms']:.2f} ms")
     out = {"ingest_vs_raw_zmq": round(ratio, 3), "get_p50_ms": round(r["get_p50_ms"], 3),
@@ -274,6 +316,7 @@ def report(r: dict, n: int) -> None:
            "ingest_mb_s_fsync_never": round(med["never"] / 1e6, 1),
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
            "completions_held_at_get": r["held_rows"], "window": r["window"],
+           "server_cpu_us_per_put": {key: {role: round(us) for role, us in c.items()} for key, c in cpu.items()},
            "machine": f"{os.cpu_count()} cores"}
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "buffer.json").write_text(json.dumps(out, indent=2) + "\n")

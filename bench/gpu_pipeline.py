@@ -5,9 +5,10 @@ written to ``--out`` after every case):
 
 - ``mfu``: learner tokens/s and MFU of one optimizer step (full fine-tuning, bf16, sdpa, fp32 chunked
   head in TF32) on a random-init Qwen2.5 architecture, padded against packed micro-batches, with and
-  without gradient checkpointing, compiled layers, the Cut Cross-Entropy head (``--mfu_variants``); a
-  torch profiler summary of one step of ``--profile_variant`` (``profile_learner.txt``); on a GPU, a
-  check of the CCE head against the chunked fp32 one (logprobs, gradients).
+  without gradient checkpointing, compiled layers, the Cut Cross-Entropy or halfmm head (``--mfu_variants``);
+  a torch profiler summary of one step of ``--profile_variant`` (``profile_learner.txt``); on a GPU
+  (case ``headcheck``), a check of the CCE and halfmm heads against the chunked fp32 one (logprobs,
+  gradients, one timing each).
   FLOPs are model FLOPs (recomputation not counted): ``6 * N_body`` per input token (N_body = the
   decoder layers' matmul weights), ``6 * V * H`` per completion token (the head runs on completion
   positions only), and causal attention ``6 * L * d_attn * layers`` per token of a sequence of L
@@ -142,7 +143,8 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
 
 def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]:
     """(pack tokens, checkpointing, compiled, head) of a variant name: ``padded`` or ``packed`` or
-    ``pack<N>`` (rows of N tokens), then any of ``+ckpt``, ``+compile``, ``+cce`` (else the chunked head)."""
+    ``pack<N>`` (rows of N tokens), then any of ``+ckpt``, ``+compile``, and one of ``+cce``, ``+halfmm``
+    (``--learner_head``; else the chunked head). Raises ValueError on an unknown name or option, or both heads."""
     base, *opts = name.split("+")
     if base == "padded":
         pack = 0
@@ -152,15 +154,21 @@ def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]
         pack = int(base[4:])
     else:
         raise ValueError(f"unknown learner variant {name!r}")
-    unknown = set(opts) - {"ckpt", "compile", "cce"}
+    unknown = set(opts) - {"ckpt", "compile", "cce", "halfmm"}
     if unknown:
         raise ValueError(f"unknown options {sorted(unknown)} in learner variant {name!r}")
-    return pack, "ckpt" in opts, "compile" in opts, "cce" if "cce" in opts else "chunked"
+    heads = [o for o in ("cce", "halfmm") if o in opts]
+    if len(heads) > 1:
+        raise ValueError(f"learner variant {name!r} names two heads ({' and '.join(heads)}): pick one")
+    return pack, "ckpt" in opts, "compile" in opts, heads[0] if heads else "chunked"
 
 
 def head_check(model_dir: Path, n: int = 8192) -> dict:
-    """Cut Cross-Entropy against the chunked fp32 head on the model's (bf16) head weight: logprobs and
-    gradients, for hidden states of two scales (flat and peaked distributions)."""
+    """Cut Cross-Entropy and halfmm against the chunked fp32 head on the model's (bf16) head weight:
+    logprobs and gradients, for hidden states of two scales (flat and peaked distributions). Keys per
+    scale: ``logp_max_abs_diff``, ``grad_hidden_rel``, ``grad_weight_rel`` (cce; skipped when
+    ``cut_cross_entropy`` is not installed), the same with a ``halfmm_`` prefix, and ``<impl>_ms``: one
+    forward + backward of the ``n`` positions after a warm-up call (a single timing, not a benchmark)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -170,22 +178,36 @@ def head_check(model_dir: Path, n: int = 8192) -> dict:
     weight = model.get_output_embeddings().weight.detach()
     torch.backends.cuda.matmul.allow_tf32 = True
     gen = torch.Generator("cuda").manual_seed(0)
-    out = {}
+    try:
+        import cut_cross_entropy  # noqa: F401
+        impls, out = ("chunked", "cce", "halfmm"), {}
+    except ImportError:
+        impls, out = ("chunked", "halfmm"), {"cce": "cut_cross_entropy is not installed: not checked"}
     for scale in (1.0, 30.0):
         hidden = (torch.randn(1, n, weight.shape[1], device="cuda", generator=gen) * scale).bfloat16()
         targets = torch.randint(0, weight.shape[0], (1, n), device="cuda", generator=gen)
         upstream = torch.randn(1, n, device="cuda", generator=gen)
-        res = {}
-        for impl in ("chunked", "cce"):
-            h = hidden.clone().requires_grad_(True)
-            w = weight.clone().requires_grad_(True)
-            logp = token_logprobs(h, w, targets, 1.0, chunk_tokens=4096, impl=impl)
-            (logp * upstream).sum().backward()
+        res, ms = {}, {}
+        for impl in impls:
+            for _ in range(2):  # the first call warms up (Triton compilation, cuBLAS heuristics)
+                h = hidden.clone().requires_grad_(True)
+                w = weight.clone().requires_grad_(True)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                logp = token_logprobs(h, w, targets, 1.0, chunk_tokens=4096, impl=impl)
+                (logp * upstream).sum().backward()
+                torch.cuda.synchronize()
+                ms[f"{impl}_ms"] = (time.perf_counter() - t0) * 1e3
             res[impl] = (logp.detach().float(), h.grad.float(), w.grad.float())
-        (lc, hc, wc), (lx, hx, wx) = res["chunked"], res["cce"]
+        lc, hc, wc = res["chunked"]
         rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
-        out[f"scale{scale:g}"] = {"logp_mean": float(lc.mean()), "logp_max_abs_diff": float((lc - lx).abs().max()),
-                                  "grad_hidden_rel": rel(hx, hc), "grad_weight_rel": rel(wx, wc)}
+        row = {"logp_mean": float(lc.mean()), **ms}
+        for impl, prefix in (("cce", ""), ("halfmm", "halfmm_")):
+            if impl in res:
+                lx, hx, wx = res[impl]
+                row.update({f"{prefix}logp_max_abs_diff": float((lc - lx).abs().max()),
+                            f"{prefix}grad_hidden_rel": rel(hx, hc), f"{prefix}grad_weight_rel": rel(wx, wc)})
+        out[f"scale{scale:g}"] = row
     del model
     torch.cuda.empty_cache()
     return out
@@ -220,10 +242,29 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
         times.append(time.perf_counter() - t0)
     step = sorted(times)[len(times) // 2]
     mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    syncs = host_syncs(lrn, table) if cuda else None
     if name == args.profile_variant:
         profile_step(lrn, table, out / "profile_learner.txt", cuda)
     return {"step_s": step, "times_s": times, "tokens_per_s": sum(seq_lens) / step,
-            "mfu": flops / step / PEAK_FLOPS, "tflops": flops / step / 1e12, "peak_mem_gib": mem}
+            "mfu": flops / step / PEAK_FLOPS, "tflops": flops / step / 1e12, "peak_mem_gib": mem,
+            "host_syncs_per_step": syncs}
+
+
+def host_syncs(lrn, table) -> int:
+    """Host-device synchronizations during one learner step (``torch.cuda.set_sync_debug_mode``): each
+    makes the host wait for the GPU, which then idles while the host prepares the next work."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            lrn.train_step(table)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def profile_step(lrn, table, path: Path, cuda: bool) -> None:
@@ -356,9 +397,9 @@ def case_async(args, model_dir: Path, out: Path) -> dict:
 
 
 def case_headcheck(args, model_dir: Path, out: Path) -> dict:
-    """The Cut Cross-Entropy head against the chunked fp32 head (CUDA only)."""
+    """The Cut Cross-Entropy and halfmm heads against the chunked fp32 head (CUDA only)."""
     res = head_check(model_dir)
-    print(f"head check (cce vs chunked fp32): {res}", flush=True)
+    print(f"head check (cce, halfmm vs chunked fp32): {res}", flush=True)
     return res
 
 
@@ -438,7 +479,8 @@ def table(results: dict) -> str:
                 rows.append((f"learner {name}", "FAILED: " + v["error"][:70], ">= 40% MFU", "no"))
                 continue
             rows.append((f"learner {name}", f"{v['tokens_per_s']:.0f} tok/s, MFU {v['mfu']:.1%}, "
-                         f"{v['peak_mem_gib']:.1f} GiB", ">= 40% MFU", "yes" if v["mfu"] >= 0.4 else "no"))
+                         f"{v['peak_mem_gib']:.1f} GiB, {v.get('host_syncs_per_step')} syncs", ">= 40% MFU",
+                         "yes" if v["mfu"] >= 0.4 else "no"))
     a = results.get("async")
     if isinstance(a, dict) and "speedup" in a:
         rows.append(("async s2 vs s0", f"{a['speedup']:.2f}x ({a['staleness0']['s_per_version']:.2f} -> "
@@ -455,9 +497,12 @@ def table(results: dict) -> str:
     h = results.get("head_check")
     if isinstance(h, dict) and "error" not in h:
         for scale, v in h.items():
-            if isinstance(v, dict):
-                rows.append((f"cce vs chunked head, {scale}", f"logp max diff {v['logp_max_abs_diff']:.2g}, grad rel "
-                             f"{v['grad_hidden_rel']:.2g} / {v['grad_weight_rel']:.2g}", "-", "-"))
+            for impl, prefix in (("cce", ""), ("halfmm", "halfmm_")):
+                if isinstance(v, dict) and f"{prefix}logp_max_abs_diff" in v:
+                    rows.append((f"{impl} vs chunked head, {scale}",
+                                 f"logp max diff {v[prefix + 'logp_max_abs_diff']:.2g}, grad rel "
+                                 f"{v[prefix + 'grad_hidden_rel']:.2g} / {v[prefix + 'grad_weight_rel']:.2g}, "
+                                 f"{v.get(impl + '_ms', 0):.1f} ms (chunked {v.get('chunked_ms', 0):.1f})", "-", "-"))
     c = results.get("colocated")
     if isinstance(c, dict) and "completions_per_s" in c:
         rows.append(("distrl 1 GPU (--learner_generates)", f"{c['completions_per_s']:.1f} compl/s, "
@@ -497,7 +542,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=None, help="--learner_chunk_size")
     p.add_argument("--head_chunk", type=int, default=None, help="--learner_head_chunk_tokens")
     p.add_argument("--mfu_variants", default="padded,packed,packed+ckpt,packed+compile,packed+compile+cce",
-                   help="learner variants of the mfu case: padded|packed|pack<N>, then +ckpt, +compile, +cce")
+                   help="learner variants of the mfu case: padded|packed|pack<N>, then +ckpt, +compile, and "
+                   "+cce or +halfmm (--learner_head)")
     p.add_argument("--profile_variant", default="packed+compile+cce", help="the mfu variant profiled")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeat", type=int, default=5)

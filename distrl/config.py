@@ -239,13 +239,16 @@ class _RunOptions:
     0 pads every sequence to the micro-batch's longest. Needs transformers' attention (`--backend hf`
     on a GPU). Same loss and gradients as padded rows."""
     learner_head_chunk_tokens: int = 1024
-    """Completion tokens per chunk of the fp32 LM head (`learn/logprobs.py`): fp32 logits exist for this
-    many tokens at a time (about tokens * vocab * 4 bytes, 0.6 GB for 1024 x 151k)."""
-    learner_head: Literal["auto", "chunked", "cce"] = "auto"
+    """Completion tokens per chunk of the chunked or halfmm LM head (`learn/logprobs.py`): fp32 logits exist
+    for this many tokens at a time (about tokens * vocab * 4 bytes, 0.6 GB for 1024 x 151k; 6 bytes instead
+    of 4 in halfmm's backward)."""
+    learner_head: Literal["auto", "chunked", "cce", "halfmm"] = "auto"
     """How the learner's LM head computes logprobs (`learn/logprobs.py`): `chunked` (fp32 logits in chunks of
     --learner_head_chunk_tokens, a hand-written backward), `cce` (Cut Cross-Entropy's Triton kernels: no
     logits buffer, bf16 inputs with fp32 accumulation; needs CUDA, a bf16/fp16 head, --temperature 1 and the
-    `cut_cross_entropy` package) or `auto` (cce where it can run, else chunked; the learner logs which)."""
+    `cut_cross_entropy` package), `halfmm` (the chunked algorithm with bf16/fp16 matmuls writing fp32 logits:
+    same logprobs, gradients rounded to bf16; needs a bf16/fp16 head; fast on CUDA only) or `auto` (cce where
+    it can run, else chunked; the learner logs which)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory: 19 against 42 GiB, and 22 %
     more time, on the 0.5B benchmark of BENCHMARKS.md)."""

@@ -50,6 +50,7 @@ from learn.losses import LossConfig, Normalizer, policy_loss
 from learn.model import (body_and_head, export_final, frozen_reference, load_policy, reference_context,
                          save_for_publish)
 from learn.offpolicy import OffPolicyConfig
+from learn.tensor_metrics import to_floats
 from learn.optim import build_optimizer
 
 __all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config", "pack"]
@@ -66,6 +67,9 @@ class MicroBatch:
     restarting at 0 at each sequence, so attention stays inside each sequence; ``packed_index`` (n,)
     gives, for each completion position ``mask > 0`` of the padded layout (row-major), its flat index
     into the (R * P) packed positions. The loss still reads the padded (b, L-1) tensors.
+    ``completion_index`` (n,): the flat (row-major) indices of the positions ``mask > 0``, computed on
+    the host so that selecting them on the device needs no sync (a boolean mask index would wait for
+    the GPU to learn n).
     """
 
     input_ids: torch.Tensor
@@ -77,11 +81,19 @@ class MicroBatch:
     packed_ids: Optional[torch.Tensor] = None
     packed_positions: Optional[torch.Tensor] = None
     packed_index: Optional[torch.Tensor] = None
+    completion_index: Optional[torch.Tensor] = None
 
     def to(self, device: torch.device) -> "MicroBatch":
-        """The same micro-batch on ``device`` (the model's)."""
-        return MicroBatch(*(None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                            for f in fields(self)))
+        """The same micro-batch on ``device`` (the model's); to a GPU through pinned memory without
+        waiting (the copy is queued behind the work already launched)."""
+        cuda = torch.device(device).type == "cuda"
+
+        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            if t is None:
+                return None
+            return t.pin_memory().to(device, non_blocking=True) if cuda and t.device.type == "cpu" else t.to(device)
+
+        return MicroBatch(*(move(getattr(self, f.name)) for f in fields(self)))
 
 
 def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = None) -> MicroBatch:
@@ -105,7 +117,8 @@ def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = N
         mask[i, p - 1:p - 1 + c] = 1.0  # completion token j is predicted at position p - 1 + j
         behavior[i, p - 1:p - 1 + c] = torch.tensor(row["behavior_logprobs"])
     adv = [r["advantage"] for r in rows] if advantages is None else advantages
-    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32))
+    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32),
+                      completion_index=(mask.reshape(-1) > 0).nonzero().reshape(-1))
 
 
 def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
@@ -147,7 +160,7 @@ def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
         positions[r, offset:] = torch.arange(width - offset)  # padding: its own segment
     seq, pos = (mb.mask > 0).nonzero(as_tuple=True)  # row-major, as mb.mask > 0 selects
     return MicroBatch(mb.input_ids, mb.attention_mask, mb.targets, mb.mask, mb.behavior_logprobs, mb.advantages,
-                      packed_ids, positions, start[seq] + pos)
+                      packed_ids, positions, start[seq] + pos, mb.completion_index)
 
 
 def loss_config(cfg: TrainConfig) -> LossConfig:
@@ -227,19 +240,22 @@ class Learner:
     def _logprobs(self, body, head, mb: MicroBatch, entropy: bool):
         """Learner logprobs (b, T) fp32, zero off the completion [, entropy (n,)]; the head runs on
         completion positions only (prompt logits are never needed)."""
-        sel = mb.mask > 0
+        index = mb.completion_index  # (n,) flat positions of mask > 0, row-major
+        if index is None:
+            index = (mb.mask.reshape(-1) > 0).nonzero().reshape(-1)
         if mb.packed_ids is None:
             hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
-            hidden = hidden[sel]  # (n, H), completion positions only
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # (n, H), completion positions only
         else:  # packed rows: no attention mask, positions restart per sequence (see `pack`)
             hidden = body(input_ids=mb.packed_ids, position_ids=mb.packed_positions, use_cache=False).last_hidden_state
-            hidden = hidden.reshape(-1, hidden.shape[-1])[mb.packed_index]  # (n, H) in the padded order
-        out = token_logprobs(hidden.unsqueeze(0), head, mb.targets[sel].unsqueeze(0), self.cfg.temperature,
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.packed_index)  # (n, H), padded order
+        targets = mb.targets.reshape(-1).index_select(0, index)
+        out = token_logprobs(hidden.unsqueeze(0), head, targets.unsqueeze(0), self.cfg.temperature,
                              chunk_tokens=self.cfg.learner_head_chunk_tokens, return_entropy=entropy,
                              impl=self.head_impl if head is self.head else "chunked")
         lp = out[0] if entropy else out
-        logp = torch.zeros(mb.mask.shape, dtype=torch.float32, device=hidden.device)
-        logp = logp.index_put(sel.nonzero(as_tuple=True), lp[0])  # (b, T)
+        logp = torch.zeros(mb.mask.numel(), dtype=torch.float32, device=hidden.device)
+        logp = logp.index_put((index,), lp[0]).reshape(mb.mask.shape)  # (b, T)
         return (logp, out[1][0]) if entropy else logp
 
     @torch.no_grad()
@@ -255,11 +271,11 @@ class Learner:
         ref = self._ref_logprobs(mb) if self.loss_cfg.kl_coef > 0 else None
         # One optimizer step per version: this forward runs at the proximal weights (learn.offpolicy).
         loss, m = policy_loss(logp, mb.behavior_logprobs, mb.advantages, mb.mask, norm, self.loss_cfg,
-                              proximal_logprobs=logp.detach(), ref_logprobs=ref)
+                              proximal_logprobs=logp.detach(), ref_logprobs=ref, sync=False)
         loss.backward()
-        m["loss"] = loss.item()
-        m["entropy_sum"] = float(entropy.sum())
-        return m
+        m["loss"] = loss.detach()
+        m["entropy_sum"] = entropy.sum()
+        return m  # 0-dim device tensors: read once per step (`accumulate`), not per micro-batch
 
     # ---- one version -------------------------------------------------------------------------
 
@@ -298,7 +314,7 @@ class Learner:
                 mb = pack(mb, self.pad_id, self.cfg.learner_pack_tokens)
             mb = mb.to(self.device)
             parts.append(self._forward_backward(mb, norm))
-        return parts
+        return to_floats(parts)  # the step's one wait for the device
 
     def train_step(self, table: pa.Table) -> dict:
         """One optimizer step of this rank on its shard; returns metrics of the version's batch."""

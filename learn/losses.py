@@ -51,7 +51,7 @@ Padding positions may hold anything (even -inf): inputs are masked with ``torch.
 arithmetic, so nothing from padding reaches the loss or the gradient. A batch with no completion
 tokens gives loss 0 that still has a graph (``backward()`` works and yields zero gradients).
 
-Metrics are python floats over masked tokens of THIS call only (the learner weights them by
+Metrics are python floats (0-dim device tensors with ``sync=False``) over masked tokens of THIS call only (the learner weights them by
 ``masked_tokens`` to combine micro-batches): ``clip_fraction`` (+ ``_low``/``_high``) and ``ratio_*`` of
 r (GRPO), the ``is_*``/``band_masked_fraction`` of ``learn.offpolicy.correction``, ``kl_ref`` (the
 chosen estimator's mean) with a reference, and:
@@ -70,6 +70,7 @@ from typing import Literal, Optional
 import torch
 
 from learn.offpolicy import OffPolicyConfig, correction
+from learn.tensor_metrics import TensorMetrics, masked_stats, to_floats
 
 Metrics = dict[str, float]
 AGGREGATIONS = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-sum-norm")
@@ -153,41 +154,39 @@ def _check(logprobs, advantages, mask, *others) -> None:
 
 
 @torch.no_grad()
-def _mismatch_metrics(logp: torch.Tensor, behavior: torch.Tensor, keep: torch.Tensor) -> Metrics:
-    """Behavior-vs-learner gap over kept tokens (inputs already masked to finite values)."""
-    diff = (logp - behavior)[keep]  # log r, (n,)
-    if diff.numel() == 0:
-        return {"logprob_mismatch_mean_abs": 0.0, "logprob_mismatch_max_abs": 0.0,
-                "kl_behavior_learner_k3": 0.0}
-    k3 = torch.expm1(diff) - diff  # r - 1 - log r with r = exp(logp - behavior)
-    return {"logprob_mismatch_mean_abs": diff.abs().mean().item(),
-            "logprob_mismatch_max_abs": diff.abs().max().item(),
-            "kl_behavior_learner_k3": k3.mean().item()}
+def _mismatch_metrics(logp: torch.Tensor, behavior: torch.Tensor, keep: torch.Tensor,
+                      count: torch.Tensor) -> TensorMetrics:
+    """Behavior-vs-learner gap over kept tokens (inputs already masked to finite values); 0.0 when none."""
+    diff = logp - behavior  # log r, (B, T); 0 off the kept tokens
+    mean_abs, max_abs, _ = masked_stats(diff.abs(), keep, count, 0.0)
+    k3, _, _ = masked_stats(torch.expm1(diff) - diff, keep, count, 0.0)  # r - 1 - log r, r = exp(logp - behavior)
+    return {"logprob_mismatch_mean_abs": mean_abs, "logprob_mismatch_max_abs": max_abs,
+            "kl_behavior_learner_k3": k3}
 
 
 @torch.no_grad()
-def _clip_metrics(ratio: torch.Tensor, adv: torch.Tensor, keep: torch.Tensor, cfg: LossConfig) -> Metrics:
-    """Tokens whose clipped term wins the min (their gradient is zero), and ratio statistics."""
-    r, a = ratio[keep], adv.expand_as(ratio)[keep]
-    low = (a < 0) & (r < 1.0 - cfg.clip_eps_low)
-    high = (a > 0) & (r > 1.0 + cfg.clip_eps_high)
-    n = r.numel()
-    if n == 0:
-        return {"clip_fraction": 0.0, "clip_fraction_low": 0.0, "clip_fraction_high": 0.0,
-                "ratio_mean": 1.0, "ratio_max": 1.0, "ratio_min": 1.0}
-    return {"clip_fraction": (low | high).float().mean().item(), "clip_fraction_low": low.float().mean().item(),
-            "clip_fraction_high": high.float().mean().item(), "ratio_mean": r.mean().item(),
-            "ratio_max": r.max().item(), "ratio_min": r.min().item()}
+def _clip_metrics(ratio: torch.Tensor, adv: torch.Tensor, keep: torch.Tensor, count: torch.Tensor,
+                  cfg: LossConfig) -> TensorMetrics:
+    """Tokens whose clipped term wins the min (their gradient is zero), and ratio statistics; fractions
+    0.0 and ratios 1.0 when no token is kept."""
+    a = adv.expand_as(ratio)
+    low = keep & (a < 0) & (ratio < 1.0 - cfg.clip_eps_low)
+    high = keep & (a > 0) & (ratio > 1.0 + cfg.clip_eps_high)
+    n = count.clamp(min=1)
+    mean, hi, lo = masked_stats(ratio, keep, count, 1.0)
+    return {"clip_fraction": (low | high).sum() / n, "clip_fraction_low": low.sum() / n,
+            "clip_fraction_high": high.sum() / n, "ratio_mean": mean, "ratio_max": hi, "ratio_min": lo}
 
 
 def policy_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor, norm: Normalizer, cfg: LossConfig = LossConfig(),
                 proximal_logprobs: Optional[torch.Tensor] = None,
-                ref_logprobs: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Metrics]:
+                ref_logprobs: Optional[torch.Tensor] = None, sync: bool = True) -> tuple[torch.Tensor, Metrics]:
     """The configured objective (module docstring) for one micro-batch; returns ``(loss, metrics)``.
 
     Args: shapes and units in the module docstring; ``norm`` the version-global normalizer, ``cfg``
-    the objective. Raises ValueError on mismatched shapes, or when ``cfg.kl_coef > 0`` and
+    the objective. ``sync=False`` leaves the metrics as 0-dim tensors on the device (no host sync; the
+    learner converts a whole step's with ``learn.tensor_metrics.to_floats``). Raises ValueError on mismatched shapes, or when ``cfg.kl_coef > 0`` and
     ``ref_logprobs`` is None.
     """
     _check(logprobs, advantages, mask, ("behavior_logprobs", behavior_logprobs),
@@ -201,23 +200,24 @@ def policy_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advanta
     prox = logp.detach() if proximal_logprobs is None else torch.where(keep, proximal_logprobs.float(), zeros)
     adv = advantages.float().unsqueeze(1)  # (B, 1)
 
+    count = keep.sum()
     corr = correction(prox.detach(), behavior, keep, cfg.off_policy)
-    metrics: Metrics = {"masked_tokens": float(keep.sum().item()), **corr.metrics}
+    metrics: TensorMetrics = {"masked_tokens": count, **corr.metrics}
     if cfg.kind == "pg":
         per_token = -corr.weights * adv * logp
     else:
         ratio = torch.exp(logp - corr.old_logprobs)  # (B, T); exactly 1 on padding
         clipped = torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
         per_token = -corr.weights * torch.min(ratio * adv, clipped * adv)
-        metrics.update(_clip_metrics(ratio.detach(), adv, keep, cfg))
+        metrics.update(_clip_metrics(ratio.detach(), adv, keep, count, cfg))
     if cfg.kl_coef > 0:
         ref = torch.where(keep, ref_logprobs.float().detach(), zeros)
         kl = kl_estimate(logp, ref, cfg.kl_estimator)
         per_token = per_token + cfg.kl_coef * kl
-        metrics["kl_ref"] = kl.detach()[keep].mean().item() if keep.any() else 0.0
+        metrics["kl_ref"] = masked_stats(kl.detach(), keep, count, 0.0)[0]
     loss = aggregate(per_token, keep, norm)
-    metrics.update(_mismatch_metrics(logp.detach(), behavior, keep))
-    return loss, metrics
+    metrics.update(_mismatch_metrics(logp.detach(), behavior, keep, count))
+    return loss, (to_floats([metrics])[0] if sync else metrics)
 
 
 def pg_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, num_tokens,

@@ -48,6 +48,8 @@ from typing import Literal, Optional
 
 import torch
 
+from learn.tensor_metrics import masked_stats
+
 OFF_POLICY = ("none", "tis", "decoupled")
 IS_LEVELS = ("token", "sequence")
 
@@ -94,7 +96,7 @@ class Correction:
 
     old_logprobs: torch.Tensor
     weights: torch.Tensor
-    metrics: dict[str, float]
+    metrics: dict[str, torch.Tensor]  # 0-dim, on the device
 
 
 @torch.no_grad()
@@ -108,7 +110,8 @@ def correction(proximal: torch.Tensor, behavior: torch.Tensor, keep: torch.Tenso
         keep: (B, T) bool, completion tokens.
         cfg: the correction.
 
-    Metrics over kept tokens (python floats; empty batch: ratios 1.0, fractions 0.0):
+    Metrics over kept tokens (0-dim tensors on the device, no host sync; empty batch: ratios 1.0,
+    fractions 0.0):
     ``is_ratio_mean``/``is_ratio_max``/``is_ratio_min`` of rho = pi_prox / mu (token level, before
     truncation), ``is_weight_mean``/``is_weight_max`` of the weights applied (after truncation and
     masking; 1.0 for ``none``), ``is_truncated_fraction`` (weights cut at C) and ``band_masked_fraction``.
@@ -132,16 +135,11 @@ def correction(proximal: torch.Tensor, behavior: torch.Tensor, keep: torch.Tenso
         old = proximal
     truncated = raw > cfg.cap
     weights = torch.where(band, raw.clamp(max=cfg.cap), torch.zeros_like(raw))
-    n = int(keep.sum())
-    rho = torch.exp(log_rho[keep])
-    w = weights[keep]
-    metrics = {
-        "is_ratio_mean": rho.mean().item() if n else 1.0,
-        "is_ratio_max": rho.max().item() if n else 1.0,
-        "is_ratio_min": rho.min().item() if n else 1.0,
-        "is_weight_mean": w.mean().item() if n else 1.0,
-        "is_weight_max": w.max().item() if n else 1.0,
-        "is_truncated_fraction": (truncated & keep).sum().item() / n if n else 0.0,
-        "band_masked_fraction": (keep & ~band).sum().item() / n if n else 0.0,
-    }
+    count = keep.sum()
+    n = count.clamp(min=1)
+    rho_mean, rho_max, rho_min = masked_stats(torch.exp(log_rho), keep, count, 1.0)
+    w_mean, w_max, _ = masked_stats(weights, keep, count, 1.0)
+    metrics = {"is_ratio_mean": rho_mean, "is_ratio_max": rho_max, "is_ratio_min": rho_min,
+               "is_weight_mean": w_mean, "is_weight_max": w_max,
+               "is_truncated_fraction": (truncated & keep).sum() / n, "band_masked_fraction": (keep & ~band).sum() / n}
     return Correction(old, weights, metrics)

@@ -38,7 +38,10 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], lr: float, warmup: int
     """AdamW over ``params`` and a LambdaLR applying :func:`lr_factor`; returns ``(optimizer, scheduler)``.
 
     Call ``scheduler.step()`` once per policy version, after the optimizer step (or the skipped one).
+    Parameters all on CUDA get PyTorch's fused AdamW (one kernel for the whole update; same math).
     """
-    optimizer = torch.optim.AdamW(list(params), lr=lr, weight_decay=weight_decay)
+    params = list(params)
+    fused = True if params and all(p.is_cuda for p in params) else None
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total, schedule))
     return optimizer, scheduler
