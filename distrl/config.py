@@ -247,8 +247,8 @@ class _RunOptions:
     --learner_head_chunk_tokens, a hand-written backward), `cce` (Cut Cross-Entropy's Triton kernels: no
     logits buffer, bf16 inputs with fp32 accumulation; needs CUDA, a bf16/fp16 head, --temperature 1 and the
     `cut_cross_entropy` package), `halfmm` (the chunked algorithm with bf16/fp16 matmuls writing fp32 logits:
-    same logprobs, gradients rounded to bf16; needs a bf16/fp16 head; fast on CUDA only) or `auto` (cce where
-    it can run, else chunked; the learner logs which)."""
+    same logprobs, gradients rounded to bf16; needs a bf16/fp16 head; fast on CUDA only) or `auto` (halfmm for a
+    bf16/fp16 head on CUDA, else chunked; the learner logs which)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory: 19 against 42 GiB, and 22 %
     more time, on the 0.5B benchmark of BENCHMARKS.md)."""

@@ -146,6 +146,9 @@ class _FusedChunk(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature: float, want_entropy: bool, half: bool = False):
+        # a chunk's targets are a view at offset `start` of the call's: a copy at offset 0 keeps the compiled
+        # functions from guarding on (and recompiling for) the offset happening to equal another size
+        targets = targets.clone()
         raw = _raw_logits(hidden, weight, half)  # (n, V) fp32
         logp, lse, entropy = _fused(_stats, raw)(raw, bias, targets, 1.0 / temperature, want_entropy)
         del raw
@@ -171,7 +174,7 @@ class _FusedChunk(torch.autograd.Function):
 
 
 HEAD_IMPLS = ("auto", "chunked", "cce", "halfmm")
-AUTO_HEADS = ("cce",)  # what `auto` tries on CUDA, in order, before chunked; ("halfmm",) would pick halfmm
+AUTO_HEADS = ("halfmm",)  # what `auto` tries on CUDA, in order, before chunked (halfmm: faster than cce, bench/gpu_pipeline.py)
 ENTROPY_SAMPLE = 1024  # positions per call whose entropy the cce path computes (see token_logprobs)
 
 

@@ -107,13 +107,14 @@ def test_negative_targets_ignored_and_validation():
 
 
 def test_head_impl_resolution_on_cpu():
-    """`--learner_head auto` falls back to the chunked head where Cut Cross-Entropy cannot run, naming
-    why; asking for cce there is an error naming the flag."""
+    """`--learner_head auto` takes halfmm only for a bf16/fp16 head on CUDA and falls back to the chunked
+    head elsewhere, naming why; asking for cce where it cannot run is an error naming the flag."""
     head = torch.nn.Linear(8, 32, bias=False).to(torch.bfloat16)
     assert head_impl("chunked", head, 1.0) == ("chunked", "asked for")
     impl, why = head_impl("auto", head, 1.0)
-    assert impl == "chunked" and "CUDA" in why
-    assert "the head is not a bias-free Linear" in head_impl("auto", torch.nn.Linear(8, 32), 1.0)[1]
+    assert impl == "chunked" and why == "halfmm: the head is not on a CUDA device"
+    assert head_impl("auto", torch.nn.Linear(8, 32), 1.0)[1] == "halfmm: the head is torch.float32, not bf16/fp16"
+    assert head_impl("halfmm", head, 1.0) == ("halfmm", "asked for")  # on CPU when asked for (tests run it)
     with pytest.raises(ValueError, match="--learner_head cce"):
         head_impl("cce", head, 1.0)
     with pytest.raises(ValueError, match="--learner_head must be one of"):
