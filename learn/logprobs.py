@@ -25,8 +25,8 @@ fp32, so logprobs equal the chunked path's up to accumulation order; in backward
 gradient is cast to the half dtype once and the two gradient matmuls run in it, so the gradients are
 rounded to bf16/fp16 (as CCE's are). Bias, any temperature and exact per-position entropy are kept.
 Memory per chunk: about ``chunk_tokens * V * (4 + 2)`` bytes in backward. Off CUDA the matmul falls
-back to fp32 products of the same half values (same values, no speed-up); ``auto`` does not pick it
-(yet: :data:`AUTO_HEADS`).
+back to fp32 products of the same half values (same values, no speed-up); ``auto`` picks it for a
+bf16/fp16 head on CUDA (:data:`AUTO_HEADS`).
 
 Units: natural-log probabilities of ``softmax(lm_head(hidden) / temperature)``, the same
 distribution vLLM samples from and reports with ``logprobs_mode="processed_logprobs"`` (top-k/top-p
