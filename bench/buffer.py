@@ -1,17 +1,25 @@
 """Buffer benchmark on loopback (issue 3): ingest against raw ZeroMQ and Ray, GET latency at 1M completions.
 
-    .venv/bin/python bench/buffer.py            # about a minute on 2 cores; --quick for a smoke run
+    .venv/bin/python bench/buffer.py            # about 30 s on 2 cores; --quick for a smoke run
 
 1. Ingest. The same pre-encoded PUT messages (JSON header + Arrow IPC body of one group) go from one
    DEALER, ``--window`` requests in flight, to (a) a raw ZeroMQ ROUTER in another process that only
    answers a tiny ACK, and (b) `distrl buffer` (``--fsync batch``: validated, de-duplicated, cut to top-k,
    written to the segment log and fsynced before the ACK). Ratio = buffer MB/s / raw MB/s.
+   Three more raw servers show what keeping the bytes costs by itself: (c) one that holds every
+   received message, (d) one that also appends each body to a file (flushed to the OS, no fsync), and
+   (e) one that receives each body (``recv_into``) into a 1 GiB ring written before serving. (c) and (d)
+   write memory new to the process for every byte kept, which on a VM whose host backs guest memory
+   lazily is much slower than the reused buffers of (a) and (e) (see the memory probe, 4.). The buffer
+   writes ``--prefault_bytes`` of heap before serving for that reason (docs/buffer.md, "Ingest").
 2. Ray baseline: the same rows as Python objects (``Table.to_pylist()``, made before timing), sent to a
    Ray actor through the object store, the same number in flight. Ratio = buffer MB/s / Ray MB/s, both
    counted in Arrow bytes of the rows.
 3. GET latency. The buffer is filled to 1M completions (``--fill_rows``); then a learner client times
    ``--gets`` GETs of a 256-group top-k batch (one new version each, fifo), round trip with the Arrow body
    decoded, and reports p50/p99.
+4. Memory probe, before the servers start: GB/s of writing 256 MiB blocks of memory new to the bench
+   process (kept), then blocks just freed.
 
 It prints a table, then one JSON object on its last line, also written to bench/results/buffer.json.
 """
@@ -74,18 +82,55 @@ def encode_puts(groups: list[pa.Table], per_put: int = 1) -> tuple[list[list[byt
     return frames, sum(len(f[1]) for f in frames)
 
 
-def raw_server(port: int) -> None:
-    """A ROUTER that answers every message with a tiny ACK (the baseline's server process)."""
+RAW_MODES = ("plain", "hold", "hold_write", "ring")
+RING_BYTES = 1 << 30
+
+
+def raw_server(port: int, mode: str = "plain", log_path: str | None = None) -> None:
+    """A ROUTER that answers every message with a tiny ACK (the baselines' server process). ``hold``
+    keeps every received message; ``hold_write`` also appends its body to ``log_path`` (flushed);
+    ``ring`` receives each body (``recv_into``) into a ring of RING_BYTES touched before serving."""
     sock = zmq.Context().socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.bind(f"tcp://127.0.0.1:{port}")
     ack = wire.encode(wire.MsgType.ACK, "raw", 0, seq_no=0, duplicate=False)
+    if mode == "ring":
+        ring_server(sock, ack)
+    held, out = [], open(log_path, "wb") if mode == "hold_write" else None
     while True:
-        msg = sock.recv_multipart()
-        if msg[1] == b"quit":
-            sock.send_multipart([msg[0], b"bye"])
-            return
+        msg = sock.recv_multipart(copy=mode == "plain")
+        if mode != "plain":
+            held.append(msg)
+            if out is not None:
+                out.write(msg[-1].buffer)
+                out.flush()
         sock.send_multipart([msg[0], *ack])
+
+
+def ring_server(sock: zmq.Socket, ack: list[bytes]) -> None:
+    """:func:`raw_server`'s ``ring`` mode: bodies land in pre-touched memory that is reused (64-byte
+    aligned, wrapping when less than the largest message is left)."""
+    ring = memoryview(np.ones(RING_BYTES, np.uint8))
+    identity, header, pos = bytearray(256), bytearray(64 << 10), 0
+    while True:
+        n = sock.recv_into(identity)
+        sock.recv_into(header)
+        if pos > RING_BYTES - (16 << 20):
+            pos = 0
+        pos += (sock.recv_into(ring[pos:]) + 63) & ~63
+        sock.send_multipart([bytes(identity[:n]), *ack])
+
+
+def memory_probe(blocks: int = 2, block: int = 256 * 2**20) -> dict[str, float]:
+    """GB/s of filling ``blocks`` new blocks of memory (kept, so each is fresh) and then blocks just freed."""
+    def fill() -> tuple[np.ndarray, float]:
+        t0 = time.perf_counter()
+        a = np.ones(block, np.uint8)
+        return a, block / (time.perf_counter() - t0) / 1e9
+    kept, fresh = zip(*(fill() for _ in range(blocks)))
+    del kept
+    recycled = [fill()[1] for _ in range(blocks)]
+    return {"fresh_memory_gb_s": float(np.median(fresh)), "recycled_memory_gb_s": float(np.median(recycled))}
 
 
 def pump(address: str, messages: list[list[bytes]], window: int) -> float:
@@ -209,9 +254,11 @@ def main() -> dict:
     p.add_argument("--gets", type=int, default=200)
     p.add_argument("--no_ray", action="store_true", help="skip the Ray baseline (a machine without Ray)")
     p.add_argument("--raw-server", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--raw-mode", choices=RAW_MODES, default="plain", help=argparse.SUPPRESS)
+    p.add_argument("--raw-log", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.raw_server:
-        raw_server(a.raw_server)
+        raw_server(a.raw_server, a.raw_mode, a.raw_log)
         return {}
     if a.quick:
         a.fill_rows, a.gets, a.rounds = 60_000, 10, 1
@@ -231,21 +278,28 @@ def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str) -> subpr
 
 def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k: int) -> dict:
     """Every measurement of the module docstring; returns seconds, bytes and latencies."""
-    ports = [free_port() for _ in range(3)]
+    probe = memory_probe()  # before the servers take memory
+    ports = [free_port() for _ in range(6)]
     tmp = tempfile.mkdtemp(prefix="distrl-bench-")
-    procs = [start([sys.executable, __file__, "--raw-server", str(ports[0])]),
-             buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never")]
-    raw, buf, nosync = (f"tcp://127.0.0.1:{p}" for p in ports)
+    raw_args = [sys.executable, __file__, "--raw-server"]
+    procs = [start([*raw_args, str(ports[0])]),
+             buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never"),
+             start([*raw_args, str(ports[3]), "--raw-mode", "hold"]),
+             start([*raw_args, str(ports[4]), "--raw-mode", "hold_write", "--raw-log", f"{tmp}/raw.log"]),
+             start([*raw_args, str(ports[5]), "--raw-mode", "ring"])]
+    raw, buf, nosync, hold, hold_write, ring = (f"tcp://127.0.0.1:{p}" for p in ports)
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
-         "never": [], "raw_single": [], "buffer_single": [], "cpu_raw": [], "cpu_buffer": []}
+         "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "raw_single": [], "buffer_single": [], "cpu_raw": [],
+         "cpu_buffer": [], **probe}
     pids = {"raw": procs[0].pid, "buffer": procs[1].pid}
     try:
-        for address in (raw, buf, nosync):  # warm up (first Arrow calls import lazily): not timed
+        for address in (raw, buf, nosync, hold, hold_write, ring):  # warm up (first Arrow calls import lazily): not timed
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
         for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
             groups = big[i * big_n:(i + 1) * big_n]
             msgs, nbytes = encode_puts(groups[: big_n // 2], a.groups_per_put)
-            for key, address in (("raw", raw), ("buffer", buf), ("never", nosync)):
+            for key, address in (("raw", raw), ("buffer", buf), ("never", nosync), ("raw_hold", hold),
+                                 ("raw_hold_write", hold_write), ("raw_ring", ring)):
                 r[key].append(nbytes / pump(address, msgs, a.window))
             single, single_bytes = encode_puts(groups[big_n // 2:], 1)
             for key, address in (("raw_single", raw), ("buffer_single", buf)):
@@ -277,7 +331,8 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
 
 def report(r: dict, n: int) -> None:
     """Print the table and the JSON line; write bench/results/buffer.json."""
-    med = {key: float(np.median(r[key])) for key in ("raw", "buffer", "never", "raw_single", "buffer_single")}
+    med = {key: float(np.median(r[key])) for key in ("raw", "buffer", "never", "raw_hold", "raw_hold_write",
+                                                     "raw_ring", "raw_single", "buffer_single")}
     ratio = float(np.median(np.array(r["buffer"]) / np.array(r["raw"])))
     ratio_single = float(np.median(np.array(r["buffer_single"]) / np.array(r["raw_single"])))
     row_bytes = r["big_bytes"] / r["big_rows"]
@@ -285,6 +340,9 @@ def report(r: dict, n: int) -> None:
     lines = [(f"raw ZeroMQ, {per} groups a message", med["raw"], 1.0),
              (f"buffer --fsync batch, {per} groups a PUT", med["buffer"], ratio),
              (f"buffer --fsync never, {per} groups a PUT", med["never"], med["never"] / med["raw"]),
+             ("raw ZeroMQ holding every message", med["raw_hold"], med["raw_hold"] / med["raw"]),
+             ("raw ZeroMQ holding + appending to a file", med["raw_hold_write"], med["raw_hold_write"] / med["raw"]),
+             ("raw ZeroMQ into a pre-touched 1 GiB ring", med["raw_ring"], med["raw_ring"] / med["raw"]),
              ("raw ZeroMQ, 1 group a message", med["raw_single"], 1.0),
              ("buffer --fsync batch, 1 group a PUT", med["buffer_single"], ratio_single),
              ("Ray actor, rows as Python objects", r["ray"], r["ray"] / med["raw_single"] if r["ray"] else None)]
@@ -305,6 +363,10 @@ def report(r: dict, n: int) -> None:
         print(f"\nserver CPU per {per}-group message, microseconds (user + system, medians): "
               + "; ".join(f"{key}: " + ", ".join(f"{role} {us:.0f}" for role, us in c.items()) for key, c in cpu.items()))
         print(f"(one extra pass of {r['prof_groups']} groups to each server, its time not counted above)")
+    print(f"\nbuffer --fsync batch vs raw ZeroMQ holding + appending to a file (the same bytes kept and logged): "
+          f"{med['buffer'] / med['raw_hold_write']:.2f}")
+    print(f"memory probe: filling memory new to this process {r['fresh_memory_gb_s']:.2f} GB/s, memory just freed "
+          f"{r['recycled_memory_gb_s']:.2f} GB/s (a retaining server pays the first rate for every byte it keeps)")
     print(f"\nGET of 256 groups, top-{r['k']} ({256 * r['k']} rows), fifo, from a buffer sent {r['put_rows']:,} "
           f"completions (holding {r['held_rows']:,}): p50 {r['get_p50_ms']:.2f} ms, p99 {r['get_p99_ms']:.2f} ms")
     out = {"ingest_vs_raw_zmq": round(ratio, 3), "get_p50_ms": round(r["get_p50_ms"], 3),
@@ -314,6 +376,11 @@ def report(r: dict, n: int) -> None:
            "ingest_vs_raw_zmq_one_group_per_put": round(ratio_single, 3),
            "ingest_mb_s_one_group_per_put": round(med["buffer_single"] / 1e6, 1),
            "ingest_mb_s_fsync_never": round(med["never"] / 1e6, 1),
+           "raw_zmq_holding_mb_s": round(med["raw_hold"] / 1e6, 1),
+           "raw_zmq_holding_writing_mb_s": round(med["raw_hold_write"] / 1e6, 1),
+           "raw_zmq_ring_mb_s": round(med["raw_ring"] / 1e6, 1),
+           "ingest_vs_raw_zmq_holding_writing": round(med["buffer"] / med["raw_hold_write"], 3),
+           "fresh_memory_gb_s": round(r["fresh_memory_gb_s"], 2), "recycled_memory_gb_s": round(r["recycled_memory_gb_s"], 2),
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
            "completions_held_at_get": r["held_rows"], "window": r["window"],
            "server_cpu_us_per_put": {key: {role: round(us) for role, us in c.items()} for key, c in cpu.items()},

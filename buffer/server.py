@@ -48,6 +48,7 @@ from typing import Callable
 import numpy as np
 import zmq
 
+from buffer.memory import prefault_heap
 from buffer.recovery import restore_store
 from buffer.security import CurveServer
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
@@ -100,6 +101,8 @@ class BufferServer:
         topk_by, order, filter_zero_variance, replay_ratio, max_rows, max_bytes: see GroupStore.
         fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
+        prefault_bytes: heap written before serving, for received messages (:mod:`buffer.memory`; at
+            most ``max_bytes``); 0 leaves malloc as it is.
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
         resume: rebuild memory from ``run_dir``'s logs (:mod:`buffer.recovery`); ``resume_version``:
             the version the learners resume from (their checkpoint), later selections are rolled back.
@@ -114,7 +117,8 @@ class BufferServer:
                  topk_by: str = "reward", order: str = "fifo", filter_zero_variance: bool = False,
                  replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
                  fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
-                 retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, poll_ms: int = 50,
+                 retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, prefault_bytes: int = 0,
+                 poll_ms: int = 50,
                  resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None, restamp: bool = False,
                  curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
         if not resume and replay_from is None and segment_paths(run_dir):
@@ -123,6 +127,8 @@ class BufferServer:
         self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by, order, filter_zero_variance,
                                 replay_ratio, max_rows, max_bytes, restamp)
         self.replay = replay_from is not None
+        if not self.replay:  # before the ZeroMQ context starts its I/O thread
+            prefault_heap(prefault_bytes if max_bytes is None else min(prefault_bytes, max_bytes))
         self._ctx = zmq.Context()
         self._curve = None if curve_secret_key is None else CurveServer(self._ctx, curve_secret_key, curve_client_keys)
         self._sock = self._bind(address, max_msg_bytes)  # requests queue until serve() runs

@@ -111,6 +111,9 @@ class StorageOptions:
     """Arrow bytes the buffer holds in memory (same effect as --max_rows when reached)."""
     max_msg_bytes: int = 256 * MiB
     """Largest message accepted, in bytes (ZMQ_MAXMSGSIZE): a peer that sends more is disconnected."""
+    prefault_bytes: int = 512 * MiB
+    """Heap the buffer writes once at start (at most --max_bytes; 0: none) so that received groups land
+    in memory already written and freed groups' memory is reused (glibc; docs/buffer.md, "Ingest")."""
     segment_max_bytes: int = 256 * MiB
     """A segment file is closed and a new one started once it reaches this size, in bytes."""
     retention_bytes: Optional[int] = None
@@ -128,6 +131,8 @@ class StorageOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name} must be > 0, got {value}")
+        if self.prefault_bytes < 0:
+            raise ValueError(f"--prefault_bytes must be >= 0, got {self.prefault_bytes}")
 
 
 def buffer_options(cfg) -> dict:

@@ -269,7 +269,9 @@ def train(cfg: TrainConfig) -> dict:
     try:
         placement = reserve(cfg)
         BufferRole, LearnerRole, RolloutRole = _roles()
-        buffer = BufferRole.remote(cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
+        # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
+        buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}}).remote(
+            cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
         buffer_address = ray.get(buffer.address.remote())
         buffer_ref = buffer.serve.remote()
         console = start_console(cfg.console, buffer_address, run_dir, cfg.max_steps, cfg.max_rows)

@@ -28,6 +28,7 @@ def test_buffer_config_needs_a_run_directory_and_resume_sets_it(tmp_path):
     ({"topk": 5}, "--topk"), ({"batch_size": 0}, "--batch_size"), ({"max_staleness": -1}, "--max_staleness"),
     ({"replay_ratio": 0}, "--replay_ratio"), ({"max_rows": 0}, "--max_rows"), ({"retention_s": -1.0}, "--retention_s"),
     ({"fsync": "sometimes"}, "--fsync"), ({"order": "random"}, "--order"), ({"curve_secret_key": "k"}, "go together"),
+    ({"prefault_bytes": -1}, "--prefault_bytes"),
 ])
 def test_buffer_config_names_the_bad_flag(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
