@@ -67,9 +67,9 @@ class MicroBatch:
     restarting at 0 at each sequence, so attention stays inside each sequence; ``packed_index`` (n,)
     gives, for each completion position ``mask > 0`` of the padded layout (row-major), its flat index
     into the (R * P) packed positions. The loss still reads the padded (b, L-1) tensors.
-    ``completion_index`` (n,): the flat (row-major) indices of the positions ``mask > 0``, computed on
-    the host so that selecting them on the device needs no sync (a boolean mask index would wait for
-    the GPU to learn n).
+    ``completion_index`` (n,): the flat (row-major) indices of the positions ``mask > 0``, computed from
+    ``mask`` when the micro-batch is made (on the host), so that selecting them on the device needs no
+    sync (a boolean mask index would wait for the GPU to learn n).
     """
 
     input_ids: torch.Tensor
@@ -82,6 +82,10 @@ class MicroBatch:
     packed_positions: Optional[torch.Tensor] = None
     packed_index: Optional[torch.Tensor] = None
     completion_index: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        if self.completion_index is None:
+            self.completion_index = (self.mask.reshape(-1) > 0).nonzero().reshape(-1)
 
     def to(self, device: torch.device) -> "MicroBatch":
         """The same micro-batch on ``device`` (the model's); to a GPU through pinned memory without
@@ -117,8 +121,7 @@ def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = N
         mask[i, p - 1:p - 1 + c] = 1.0  # completion token j is predicted at position p - 1 + j
         behavior[i, p - 1:p - 1 + c] = torch.tensor(row["behavior_logprobs"])
     adv = [r["advantage"] for r in rows] if advantages is None else advantages
-    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32),
-                      completion_index=(mask.reshape(-1) > 0).nonzero().reshape(-1))
+    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32))
 
 
 def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
@@ -241,8 +244,6 @@ class Learner:
         """Learner logprobs (b, T) fp32, zero off the completion [, entropy (n,)]; the head runs on
         completion positions only (prompt logits are never needed)."""
         index = mb.completion_index  # (n,) flat positions of mask > 0, row-major
-        if index is None:
-            index = (mb.mask.reshape(-1) > 0).nonzero().reshape(-1)
         if mb.packed_ids is None:
             hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # (n, H), completion positions only

@@ -261,21 +261,12 @@ def _cce_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
 def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperature: float,
            module, want_entropy: bool):
-    """One chunk: hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32]."""
-    if module is None:
-        logits = F.linear(hidden.float(), weight, bias)  # (n, V) fp32
-    else:  # a wrapped head: run it in its own dtype, fp32 from the logits on
-        logits = module(hidden).float()
-    logits = logits / temperature
-    lse = torch.logsumexp(logits, dim=-1)  # (n,)
-    valid = targets >= 0
-    picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    logp = torch.where(valid, picked - lse, torch.zeros_like(lse))
-    if not want_entropy:
-        return logp
-    with torch.no_grad():  # H = lse - sum_v p_v * z_v
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return logp, entropy
+    """One chunk through autograd (a head that is not a Linear or tensor, or CCE's entropy sample):
+    hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32, detached]; the math of
+    :func:`_stats` on fp32 logits (``F.linear`` in fp32, or the module in its own dtype)."""
+    raw = F.linear(hidden.float(), weight) if module is None else module(hidden).float()  # (n, V)
+    logp, _, entropy = _stats(raw, bias, targets, 1.0 / temperature, want_entropy)
+    return (logp, entropy.detach()) if want_entropy else logp
 
 
 def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor,
