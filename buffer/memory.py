@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import platform
 import time
 
@@ -30,17 +31,27 @@ MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: bigger allocations are mmapped (
 BLOCK = 16 * 2**20
 
 
+def capped(nbytes: int) -> int:
+    """``nbytes``, or half the machine's physical memory (with a warning) if it is more than that."""
+    half = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    if nbytes > half:
+        log.warning("buffer: --prefault_bytes %d is more than half this machine's memory: writing %d", nbytes, half)
+        return half
+    return nbytes
+
+
 def prefault_heap(nbytes: int) -> float | None:
     """Configure glibc malloc as the module docstring says and write ``nbytes`` of heap once.
 
     Returns the seconds it took, or None where the C library is not glibc (nothing is changed). The
-    memory stays with the process (its resident size starts at about ``nbytes``). Raises ValueError if
-    ``nbytes`` is negative.
+    memory stays with the process (its resident size starts at about ``nbytes``); more than half the
+    machine's memory is cut to half, with a warning. Raises ValueError if ``nbytes`` is negative.
     """
     if nbytes < 0:
         raise ValueError(f"prefault bytes must be >= 0, got {nbytes}")
     if nbytes == 0 or platform.libc_ver()[0] != "glibc":
         return None
+    nbytes = capped(nbytes)
     libc = ctypes.CDLL("libc.so.6")
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]

@@ -4,6 +4,7 @@ malloc'd) are served from it, so a buffer that keeps what it receives does not t
 Each case runs in a fresh interpreter: mallopt changes the whole process (one arena, no trimming)."""
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -11,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from buffer.memory import prefault_heap
+from buffer.memory import capped, prefault_heap
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 PROBE = """
 import ctypes, json, sys
-from buffer.memory import prefault_heap
+from buffer.memory import capped, prefault_heap
 
 def rss():
     with open("/proc/self/status") as f:
@@ -56,3 +57,11 @@ def test_prefault_heap_refuses_a_negative_size_and_does_nothing_for_zero():
     with pytest.raises(ValueError, match="prefault"):
         prefault_heap(-1)
     assert prefault_heap(0) is None
+
+
+
+def test_prefault_beyond_half_the_memory_is_cut_to_half(caplog):
+    half = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    assert capped(64 * MiB) == 64 * MiB and not caplog.records
+    assert capped(1 << 60) == half
+    assert "more than half this machine's memory" in caplog.text
