@@ -19,7 +19,9 @@
    ``--gets`` GETs of a 256-group top-k batch (one new version each, fifo), round trip with the Arrow body
    decoded, and reports p50/p99.
 4. Memory probe, before the servers start: GB/s of writing 256 MiB blocks of memory new to the bench
-   process (kept), then blocks just freed.
+   process (kept), then blocks mapped right after those were freed.
+5. The same buffer with ``--prefault_bytes 0``, side by side with the others (what the prefaulted
+   heap gives in this run).
 
 It prints a table, then one JSON object on its last line, also written to bench/results/buffer.json.
 """
@@ -107,22 +109,31 @@ def raw_server(port: int, mode: str = "plain", log_path: str | None = None) -> N
         sock.send_multipart([msg[0], *ack])
 
 
+RING_SLACK = 16 << 20  # the ring wraps when less than this is left; a larger body is an error
+
+
 def ring_server(sock: zmq.Socket, ack: list[bytes]) -> None:
-    """:func:`raw_server`'s ``ring`` mode: bodies land in pre-touched memory that is reused (64-byte
-    aligned, wrapping when less than the largest message is left)."""
+    """:func:`raw_server`'s ``ring`` mode: each body is copied by ZeroMQ (``recv_into``) into memory
+    written before serving and reused (64-byte aligned, wrapping when less than RING_SLACK is left).
+    Raises RuntimeError on a message that is not (identity, header, body) or a body over RING_SLACK."""
     ring = memoryview(np.ones(RING_BYTES, np.uint8))
     identity, header, pos = bytearray(256), bytearray(64 << 10), 0
     while True:
         n = sock.recv_into(identity)
         sock.recv_into(header)
-        if pos > RING_BYTES - (16 << 20):
+        if pos > RING_BYTES - RING_SLACK:
             pos = 0
-        pos += (sock.recv_into(ring[pos:]) + 63) & ~63
+        size = sock.recv_into(ring[pos:pos + RING_SLACK])
+        if size > RING_SLACK or sock.rcvmore or n > len(identity):
+            raise RuntimeError(f"ring server: unexpected message (body {size} bytes, more frames {sock.rcvmore})")
+        pos += (size + 63) & ~63
         sock.send_multipart([bytes(identity[:n]), *ack])
 
 
 def memory_probe(blocks: int = 2, block: int = 256 * 2**20) -> dict[str, float]:
-    """GB/s of filling ``blocks`` new blocks of memory (kept, so each is fresh) and then blocks just freed."""
+    """GB/s of filling ``blocks`` new blocks of memory (kept, so each is new to the process), then of
+    filling blocks of the same size right after freeing those (each block is its own mapping: the second
+    rate is of pages the kernel just got back, which on a lazily backed VM are still backed)."""
     def fill() -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
         a = np.ones(block, np.uint8)
@@ -270,36 +281,37 @@ def main() -> dict:
     return results
 
 
-def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str) -> subprocess.Popen:
+def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str, *extra: str) -> subprocess.Popen:
     return start([sys.executable, "-m", "distrl.cli", "buffer", "--address", f"tcp://127.0.0.1:{port}", "--run_dir",
                   run_dir, "--batch_size", "256", "--group_size", str(n), "--topk", str(k), "--max_staleness",
-                  "1000000", "--fsync", fsync, "--max_rows", "4000000", "--max_bytes", str(16 * 2**30)])
+                  "1000000", "--fsync", fsync, "--max_rows", "4000000", "--max_bytes", str(16 * 2**30), *extra])
 
 
 def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k: int) -> dict:
     """Every measurement of the module docstring; returns seconds, bytes and latencies."""
     probe = memory_probe()  # before the servers take memory
-    ports = [free_port() for _ in range(6)]
+    ports = [free_port() for _ in range(7)]
     tmp = tempfile.mkdtemp(prefix="distrl-bench-")
     raw_args = [sys.executable, __file__, "--raw-server"]
     procs = [start([*raw_args, str(ports[0])]),
              buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never"),
              start([*raw_args, str(ports[3]), "--raw-mode", "hold"]),
              start([*raw_args, str(ports[4]), "--raw-mode", "hold_write", "--raw-log", f"{tmp}/raw.log"]),
-             start([*raw_args, str(ports[5]), "--raw-mode", "ring"])]
-    raw, buf, nosync, hold, hold_write, ring = (f"tcp://127.0.0.1:{p}" for p in ports)
+             start([*raw_args, str(ports[5]), "--raw-mode", "ring"]),
+             buffer_process(ports[6], f"{tmp}/cold", n, k, "batch", "--prefault_bytes", "0")]
+    raw, buf, nosync, hold, hold_write, ring, cold = (f"tcp://127.0.0.1:{p}" for p in ports)
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
-         "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "raw_single": [], "buffer_single": [], "cpu_raw": [],
+         "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "cold": [], "raw_single": [], "buffer_single": [], "cpu_raw": [],
          "cpu_buffer": [], **probe}
     pids = {"raw": procs[0].pid, "buffer": procs[1].pid}
     try:
-        for address in (raw, buf, nosync, hold, hold_write, ring):  # warm up (first Arrow calls import lazily): not timed
+        for address in (raw, buf, nosync, hold, hold_write, ring, cold):  # warm up (first Arrow calls import lazily): not timed
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
         for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
             groups = big[i * big_n:(i + 1) * big_n]
             msgs, nbytes = encode_puts(groups[: big_n // 2], a.groups_per_put)
             for key, address in (("raw", raw), ("buffer", buf), ("never", nosync), ("raw_hold", hold),
-                                 ("raw_hold_write", hold_write), ("raw_ring", ring)):
+                                 ("raw_hold_write", hold_write), ("raw_ring", ring), ("cold", cold)):
                 r[key].append(nbytes / pump(address, msgs, a.window))
             single, single_bytes = encode_puts(groups[big_n // 2:], 1)
             for key, address in (("raw_single", raw), ("buffer_single", buf)):
@@ -332,7 +344,7 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
 def report(r: dict, n: int) -> None:
     """Print the table and the JSON line; write bench/results/buffer.json."""
     med = {key: float(np.median(r[key])) for key in ("raw", "buffer", "never", "raw_hold", "raw_hold_write",
-                                                     "raw_ring", "raw_single", "buffer_single")}
+                                                     "raw_ring", "cold", "raw_single", "buffer_single")}
     ratio = float(np.median(np.array(r["buffer"]) / np.array(r["raw"])))
     ratio_single = float(np.median(np.array(r["buffer_single"]) / np.array(r["raw_single"])))
     row_bytes = r["big_bytes"] / r["big_rows"]
@@ -340,6 +352,7 @@ def report(r: dict, n: int) -> None:
     lines = [(f"raw ZeroMQ, {per} groups a message", med["raw"], 1.0),
              (f"buffer --fsync batch, {per} groups a PUT", med["buffer"], ratio),
              (f"buffer --fsync never, {per} groups a PUT", med["never"], med["never"] / med["raw"]),
+             ("buffer --fsync batch --prefault_bytes 0", med["cold"], med["cold"] / med["raw"]),
              ("raw ZeroMQ holding every message", med["raw_hold"], med["raw_hold"] / med["raw"]),
              ("raw ZeroMQ holding + appending to a file", med["raw_hold_write"], med["raw_hold_write"] / med["raw"]),
              ("raw ZeroMQ into a pre-touched 1 GiB ring", med["raw_ring"], med["raw_ring"] / med["raw"]),
@@ -379,6 +392,8 @@ def report(r: dict, n: int) -> None:
            "raw_zmq_holding_mb_s": round(med["raw_hold"] / 1e6, 1),
            "raw_zmq_holding_writing_mb_s": round(med["raw_hold_write"] / 1e6, 1),
            "raw_zmq_ring_mb_s": round(med["raw_ring"] / 1e6, 1),
+           "ingest_mb_s_no_prefault": round(med["cold"] / 1e6, 1),
+           "ingest_vs_raw_zmq_no_prefault": round(float(np.median(np.array(r["cold"]) / np.array(r["raw"]))), 3),
            "ingest_vs_raw_zmq_holding_writing": round(med["buffer"] / med["raw_hold_write"], 3),
            "fresh_memory_gb_s": round(r["fresh_memory_gb_s"], 2), "recycled_memory_gb_s": round(r["recycled_memory_gb_s"], 2),
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),

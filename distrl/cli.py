@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     name = next(n for n, (cls, _) in COMMANDS.items() if type(cfg) is cls)
     module, func = COMMANDS[name][1].split(":")
     raise_on_signals()  # SIGINT/SIGTERM: each command cleans up, then we exit with 128 + the signal number
+    if name == "buffer" and cfg.prefault_bytes:  # before pyarrow starts a thread (buffer.memory)
+        from buffer.memory import single_arena
+
+        single_arena()
     try:
         getattr(importlib.import_module(module), func)(cfg)
     except (FileExistsError, FileNotFoundError) as exc:

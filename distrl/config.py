@@ -112,9 +112,9 @@ class StorageOptions:
     max_msg_bytes: int = 256 * MiB
     """Largest message accepted, in bytes (ZMQ_MAXMSGSIZE): a peer that sends more is disconnected."""
     prefault_bytes: int = 512 * MiB
-    """Heap the buffer writes once at start (at most --max_bytes and half the machine's memory; 0: none)
-    so that received groups land in memory already written and freed groups' memory is reused (glibc;
-    docs/buffer.md, "Ingest")."""
+    """Heap the buffer writes once at start (at most --max_bytes and half the memory the process may use;
+    0: none) so that received groups land in memory already written and freed groups' memory is reused
+    (glibc; docs/buffer.md, "Ingest")."""
     segment_max_bytes: int = 256 * MiB
     """A segment file is closed and a new one started once it reaches this size, in bytes."""
     retention_bytes: Optional[int] = None

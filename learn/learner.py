@@ -161,7 +161,7 @@ def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
             start[i] = r * width + offset
             offset += n
         positions[r, offset:] = torch.arange(width - offset)  # padding: its own segment
-    seq, pos = (mb.mask > 0).nonzero(as_tuple=True)  # row-major, as mb.mask > 0 selects
+    seq, pos = mb.completion_index // mb.mask.shape[1], mb.completion_index % mb.mask.shape[1]  # row-major
     return MicroBatch(mb.input_ids, mb.attention_mask, mb.targets, mb.mask, mb.behavior_logprobs, mb.advantages,
                       packed_ids, positions, start[seq] + pos, mb.completion_index)
 

@@ -262,11 +262,15 @@ def _cce_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperature: float,
            module, want_entropy: bool):
     """One chunk through autograd (a head that is not a Linear or tensor, or CCE's entropy sample):
-    hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32, detached]; the math of
+    hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32, no gradient]; the math of
     :func:`_stats` on fp32 logits (``F.linear`` in fp32, or the module in its own dtype)."""
     raw = F.linear(hidden.float(), weight) if module is None else module(hidden).float()  # (n, V)
-    logp, _, entropy = _stats(raw, bias, targets, 1.0 / temperature, want_entropy)
-    return (logp, entropy.detach()) if want_entropy else logp
+    logp = _stats(raw, bias, targets, 1.0 / temperature, False)[0]
+    if not want_entropy:
+        return logp
+    with torch.no_grad():  # out of the graph: a checkpointed backward does not recompute it
+        entropy = _stats(raw, bias, targets, 1.0 / temperature, True)[2]
+    return logp, entropy
 
 
 def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor,
