@@ -69,20 +69,28 @@ def _raw_logits(hidden, weight, half: bool) -> torch.Tensor:
     return _mm_fp32(hidden, weight.t()) if half else F.linear(hidden.float(), weight)
 
 
+def _tempered(raw: torch.Tensor, bias, inv_t: float) -> torch.Tensor:
+    """z = (raw + bias) / T, (n, V) fp32, from raw (n, V) fp32 logits and bias (V,) or None."""
+    return (raw if bias is None else raw + bias.float()) * inv_t
+
+
+def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """-sum_v p_v log p_v (n,) in nats, p = softmax(z), lse = logsumexp(z) (n,): no cancellation when
+    the entropy is small (unlike lse - sum p z)."""
+    log_p = z - lse.unsqueeze(-1)
+    return -(torch.exp(log_p) * log_p).sum(-1)
+
+
 def _stats(raw: torch.Tensor, bias, targets: torch.Tensor, inv_t: float, want_entropy: bool):
     """raw (n, V) fp32 logits, bias (V,) or None, targets (n,) long (negative: ignored), inv_t = 1/T ->
     (logp (n,), lse (n,), entropy (n,) or None), all fp32, z = (raw + bias) / T: logp = z[target] - lse
     (0.0 where ignored), entropy = -sum_v p_v log p_v with p = softmax(z) (nats). On CUDA it runs compiled
     (:func:`_fused`): a pass or two over the (n, V) logits instead of one per operation."""
-    z = (raw if bias is None else raw + bias.float()) * inv_t
+    z = _tempered(raw, bias, inv_t)
     lse = torch.logsumexp(z, dim=-1)
     picked = z.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     logp = torch.where(targets >= 0, picked - lse, torch.zeros_like(lse))
-    entropy = None
-    if want_entropy:  # -sum_v p_v log p_v: no cancellation when the entropy is small (unlike lse - sum p z)
-        log_p = z - lse.unsqueeze(-1)
-        entropy = -(torch.exp(log_p) * log_p).sum(-1)
-    return logp, lse, entropy
+    return logp, lse, (_entropy(z, lse) if want_entropy else None)
 
 
 def _softmax_grad(raw: torch.Tensor, bias, lse: torch.Tensor, targets: torch.Tensor, g: torch.Tensor,
@@ -90,7 +98,7 @@ def _softmax_grad(raw: torch.Tensor, bias, lse: torch.Tensor, targets: torch.Ten
     """d(sum_i g_i logp_i) / d(raw + bias) = g * (onehot(target) - softmax(z)) / T as (n, V) ``dtype``,
     and its column sum (V,) fp32 when there is a bias (else None); ``g`` (n,) fp32, 0 on ignored
     positions. Computed in fp32, rounded to ``dtype`` once; compiled on CUDA like :func:`_stats`."""
-    z = (raw if bias is None else raw + bias.float()) * inv_t
+    z = _tempered(raw, bias, inv_t)
     onehot = torch.arange(raw.shape[-1], device=raw.device) == targets.unsqueeze(-1)
     dz = g.unsqueeze(-1) * (onehot.float() - torch.exp(z - lse.unsqueeze(-1))) * inv_t
     return dz.to(dtype), (None if bias is None else dz.sum(0))
@@ -265,11 +273,11 @@ def _chunk(hidden: torch.Tensor, weight, bias, targets: torch.Tensor, temperatur
     hidden (n, H), targets (n,) -> logprobs (n,) fp32 [, entropy (n,) fp32, no gradient]; the math of
     :func:`_stats` on fp32 logits (``F.linear`` in fp32, or the module in its own dtype)."""
     raw = F.linear(hidden.float(), weight) if module is None else module(hidden).float()  # (n, V)
-    logp = _stats(raw, bias, targets, 1.0 / temperature, False)[0]
+    logp, lse, _ = _stats(raw, bias, targets, 1.0 / temperature, False)
     if not want_entropy:
         return logp
     with torch.no_grad():  # out of the graph: a checkpointed backward does not recompute it
-        entropy = _stats(raw, bias, targets, 1.0 / temperature, True)[2]
+        entropy = _entropy(_tempered(raw, bias, 1.0 / temperature), lse)
     return logp, entropy
 
 
