@@ -107,10 +107,11 @@ class Slots:
         self.parents.extend([None] * n)
         self._free = list(range(2 * n - 1, n - 1, -1)) + self._free
 
-    def add(self, parent: pa.RecordBatch, offset: np.ndarray, keep: np.ndarray, nbytes: int, seq: np.ndarray,
-            arrival: int, version: np.ndarray, variance: np.ndarray, uses: int) -> np.ndarray:
-        """Hold c groups of ``parent`` (``offset``, ``seq``, ``version``, ``variance``: (c,); ``keep``:
-        (c, k)); arrivals are ``arrival, arrival + 1, ...``. Returns their (c,) slots."""
+    def add(self, parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, nbytes: np.ndarray,
+            seq: np.ndarray, arrival: int, version: np.ndarray, variance: np.ndarray, uses: int) -> np.ndarray:
+        """Hold c groups, group j in ``parents[j]`` (``offset``, ``nbytes``, ``seq``, ``version``,
+        ``variance``: (c,); ``keep``: (c, k)); arrivals are ``arrival, arrival + 1, ...``. Returns their
+        (c,) slots."""
         count = len(offset)
         while len(self._free) < count:
             self._grow()
@@ -119,10 +120,10 @@ class Slots:
         lo = min(taken)
         if max(taken) - lo == count - 1:  # a run of slots (always while none was freed): slices are cheaper
             slots, index = np.arange(lo, lo + count), slice(lo, lo + count)
-            self.parents[index] = [parent] * count
+            self.parents[index] = parents
         else:
             slots = index = np.array(taken, np.intp)
-            for i in taken:
+            for i, parent in zip(taken, parents):
                 self.parents[i] = parent
         self.seq[index], self.arrival[index], self.version[index] = seq, np.arange(arrival, arrival + count), version
         self.variance[index], self.uses[index], self.alive[index] = variance, uses, True

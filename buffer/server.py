@@ -43,9 +43,10 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import zmq
 
 from buffer.memory import prefault_heap
@@ -63,6 +64,17 @@ DEFAULT_MAX_MSG_BYTES = 256 * 2**20
 MAX_BATCH = 64  # requests handled between two polls (their non-PUT replies are sent together)
 SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
+
+
+class _Put(NamedTuple):
+    """A decoded PUT waiting to be admitted: its envelope, header, groups, ``persist`` for
+    ``GroupStore.put_messages`` and the received body's size."""
+
+    envelope: list
+    header: Header
+    batch: pa.RecordBatch
+    persist: Callable[[pa.RecordBatch, int], None]
+    nbytes: int
 
 
 class Unsupported(ValueError):
@@ -129,6 +141,7 @@ class BufferServer:
         self.replay = replay_from is not None
         if not self.replay:  # before the ZeroMQ context starts its I/O thread
             prefault_heap(prefault_bytes if max_bytes is None else min(prefault_bytes, max_bytes))
+        pa.array([0]).to_numpy()  # pyarrow imports pandas at its first to_numpy (0.2 s): not at the first PUT
         self._ctx = zmq.Context()
         self._curve = None if curve_secret_key is None else CurveServer(self._ctx, curve_secret_key, curve_client_keys)
         self._sock = self._bind(address, max_msg_bytes)  # requests queue until serve() runs
@@ -159,7 +172,7 @@ class BufferServer:
         self._poller.register(self._wake_r, zmq.POLLIN)
         self.metrics = Metrics(tb_dir)
         self._handlers: dict[MsgType, Callable[[Header, bytes | None], list[bytes]]] = {
-            MsgType.PUT: self._on_put, MsgType.GET: self._on_get, MsgType.CREDIT: self._on_credit,
+            MsgType.GET: self._on_get, MsgType.CREDIT: self._on_credit,
             MsgType.STATS: self._on_stats, MsgType.STOP: self._on_stop, MsgType.SHUTDOWN: self._on_shutdown,
         }
         self._running = self._closed = self._shutdown_requested = False
@@ -211,24 +224,37 @@ class BufferServer:
         self.metrics.flush()
 
     def _handle_queued(self) -> None:
-        """Handle what is queued (up to MAX_BATCH requests): send the replies that acknowledge nothing
-        written now; keep PUT ACKs until their groups are in the log (:meth:`_advance_commit`, called
-        after each PUT so that the commit thread never idles while the loop works through a queue)."""
-        now = []
+        """Handle what is queued (up to MAX_BATCH requests), in order: send the replies that acknowledge
+        nothing written now; keep PUT ACKs until their groups are in the log (:meth:`_advance_commit`).
+        Consecutive PUTs are decoded one by one and admitted together (:meth:`_admit_puts`), before the
+        next other request is handled."""
+        now: list[list] = []
+        puts: list[_Put] = []
         for _ in range(MAX_BATCH):
             try:
                 msg = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)  # zero-copy: bodies stay zmq frames
             except zmq.Again:
                 break
-            reply, acknowledges_a_put = self._handle(msg)
-            if acknowledges_a_put:
-                self._unacked.append(reply)
-                self._advance_commit()
-            else:
+            reply = self._handle(msg, puts, now)
+            if reply is not None:
                 now.append(reply)
             if not self._running:
                 break
+        if puts:
+            self._admit_puts(puts, now)
         self._send(now)
+
+    def _admit_puts(self, puts: list[_Put], now: list[list]) -> None:
+        """Admit decoded PUTs (``GroupStore.put_messages``): their ACKs wait for the next commit, their
+        errors go to ``now``; then start a commit if none runs, so the commit thread never idles while
+        the loop works through a queue."""
+        results = self.store.put_messages([(p.batch, p.persist, p.nbytes) for p in puts])
+        for put, result in zip(puts, results):
+            if isinstance(result, Exception):
+                now.append([*put.envelope, *self._error(result, put.envelope, put.header.seq)])
+            else:
+                self._unacked.append([*put.envelope, *self._acknowledge(put, result)])
+        self._advance_commit()
 
     def _advance_commit(self) -> None:
         """Group commit: send the ACKs covered by a finished commit; when none is running, start one (in
@@ -258,9 +284,10 @@ class BufferServer:
         for frames in replies:
             self._sock.send_multipart(frames)
 
-    def _handle(self, msg: list[zmq.Frame]) -> tuple[list, bool]:
-        """The reply frames (with the envelope) to one request, and whether it acknowledges a PUT; bad
-        input gets ERROR, never an exception."""
+    def _handle(self, msg: list[zmq.Frame], puts: list[_Put], now: list[list]) -> list | None:
+        """The reply frames (with the envelope) to one request; bad input gets ERROR, never an exception.
+        A well-formed PUT is decoded and added to ``puts`` instead (None is returned); any other request
+        is answered after the ``puts`` before it are admitted (:meth:`_admit_puts`, errors to ``now``)."""
         envelope, frames = msg[:1], msg[1:]
         if len(frames) > 1 and len(frames[0]) == 0:  # a REQ peer's delimiter
             envelope, frames = msg[:2], msg[2:]
@@ -269,14 +296,20 @@ class BufferServer:
             header, body = wire.decode_raw([f.bytes if i == 0 else f.buffer for i, f in enumerate(frames)])
             seq = header.seq
             self._seen_client(header.sender)
+            if header.type is MsgType.PUT:
+                puts.append(self._decode_put(envelope, header, body))
+                return None
+            if puts:
+                self._admit_puts(puts, now)
+                puts.clear()
             handler = self._handlers.get(header.type)
             if handler is None:
                 raise Unsupported(f"the buffer does not answer {header.type.value} messages")
-            if body is not None and header.type is not MsgType.PUT:
+            if body is not None:
                 raise ValueError(f"{header.type.value} takes no body")
-            return [*envelope, *handler(header, body)], header.type is MsgType.PUT
+            return [*envelope, *handler(header, body)]
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
-            return [*envelope, *self._error(exc, envelope, seq)], False
+            return [*envelope, *self._error(exc, envelope, seq)]
 
     def _error(self, exc: Exception, envelope: list[bytes], seq: int) -> list[bytes]:
         self.bad_requests += 1
@@ -289,24 +322,29 @@ class BufferServer:
 
     # ---- handlers ----------------------------------------------------------------------------
 
-    def _on_put(self, header: Header, body: memoryview | None) -> list[bytes]:
+    def _decode_put(self, envelope: list, header: Header, body: memoryview | None) -> _Put:
         if self.segments is None:
             raise Unsupported("this is an offline replay buffer: it takes no PUTs")
         if body is None:
             raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
         batch, message = wire.decode_group(body)  # the received bytes go to the segment log as they are
-        results = self.store.put_groups(  # the new groups are written by the commit thread (:meth:`_commit`)
-            batch, lambda b, seq: self._unwritten.append((b, seq, message if b is batch else None)), len(body))
+        # the new groups are written by the commit thread (:meth:`_commit`)
+        persist = lambda b, seq: self._unwritten.append((b, seq, message if b is batch else None))  # noqa: E731
+        return _Put(envelope, header, batch, persist, len(body))
+
+    def _acknowledge(self, put: _Put, results: list[tuple[int, bool]]) -> list[bytes]:
+        """The ACK of an admitted PUT (``results``: ``(seq, duplicate)`` per group); counts its ingest."""
         new = sum(not dup for _, dup in results)
-        if header.sender in self._owed:  # these groups used the sender's credits
-            self._owed[header.sender] = max(0, self._owed[header.sender] - len(results))
+        sender = put.header.sender
+        if sender in self._owed:  # these groups used the sender's credits
+            self._owed[sender] = max(0, self._owed[sender] - len(results))
         self._ingest[0] += new * self.store.group_size
-        self._ingest[1] += len(body) * new // len(results)
+        self._ingest[1] += put.nbytes * new // len(results)
         self._ingest[2] += new
         fields = {"seq_no": results[0][0], "duplicate": new == 0}
         if len(results) > 1:
             fields.update(seq_nos=[seq for seq, _ in results], duplicates=len(results) - new)
-        return wire.encode(MsgType.ACK, SENDER, header.seq, **fields)
+        return wire.encode(MsgType.ACK, SENDER, put.header.seq, **fields)
 
     def _on_get(self, header: Header, body: bytes | None) -> list[bytes]:
         t0 = time.perf_counter()

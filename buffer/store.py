@@ -34,7 +34,7 @@ from typing import Callable, Literal
 import numpy as np
 import pyarrow as pa
 
-from buffer.held import Slots, as_batch, cut, parse_groups, rows_of
+from buffer.held import Parsed, Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
 from distrl.wire import COMPLETION_SCHEMA
 
@@ -132,7 +132,6 @@ class GroupStore:
         n, m = self.group_size, len(g.group_ids)
         results = None if self._seen.keys().isdisjoint(g.sample_ids) else self._known(g)  # usually None
         new = m if results is None else m - sum(r is not None for r in results)
-        self.duplicates += m - new
         size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // m
         offset = np.arange(0, m * n, n)  # each group's first row
         if new < m:  # keep the new groups only
@@ -143,17 +142,82 @@ class GroupStore:
         filtered = g.variance == 0.0 if self.filter_zero_variance else None
         held = new if filtered is None else new - int(filtered.sum())
         self._check_room(held * n, held * size)
-        first = self._next_seq
-        if persist is not None and new:
-            persist(batch if new == m else rows_of(batch, index.tolist(), n), first)
-        self._next_seq += new
-        seqs = np.arange(first, self._next_seq)
-        self._seen.update(zip(g.sample_ids, np.repeat(seqs, n).tolist()))
-        self._admit(batch, offset, g.keep, size, seqs, g.versions, g.variance, 0, filtered)
+        self.duplicates += m - new
+        persisted = batch if new == m else rows_of(batch, index.tolist(), n)
+        seqs = self._accept(g, [batch] * new, offset, np.full(new, size), filtered, [(persist, persisted, new)])
         if results is None:
             return list(zip(seqs.tolist(), [False] * m))
         fresh = iter(seqs.tolist())
         return [(next(fresh), False) if r is None else r for r in results]
+
+    def put_messages(self, puts: list[tuple[pa.RecordBatch, Persist | None, int | None]]
+                 ) -> list[list[tuple[int, bool]] | Exception]:
+        """:meth:`put_groups` for several PUTs ``(batch, persist, nbytes)``, in order, each answered on its
+        own: its ``(seq, duplicate)`` list, or the exception it raised (ValueError, BufferFull; nothing of
+        that PUT is accepted). The result is what one ``put_groups`` per PUT gives; when every PUT holds
+        only new, valid whole groups and all fit, they are checked and admitted together (one parse, one
+        de-duplication check, one admission: the server hands it the PUTs queued at one poll, and per-PUT
+        Python overhead was most of its ingest cost), else one at a time.
+        """
+        together = self._put_together(puts) if len(puts) > 1 else None
+        if together is not None:
+            return together
+        out: list[list[tuple[int, bool]] | Exception] = []
+        for batch, persist, nbytes in puts:
+            try:
+                out.append(self.put_groups(batch, persist, nbytes))
+            except Exception as exc:  # noqa: BLE001 - the caller answers each PUT with its own error
+                out.append(exc)
+        return out
+
+    def _put_together(self, puts: list[tuple[pa.RecordBatch, Persist | None, int | None]]
+                      ) -> list[list[tuple[int, bool]]] | None:
+        """:meth:`put_messages`'s joint path; None (nothing changed) where one PUT at a time is needed: a PUT
+        that is not whole valid groups, a sample id seen before or repeated across PUTs, no room."""
+        n = self.group_size
+        batches = [b for b, _, _ in puts]
+        if not all(isinstance(b, pa.RecordBatch) and b.num_rows and not b.num_rows % n for b in batches):
+            return None
+        try:  # a table over the PUTs' batches: zero-copy; a PUT's groups never straddle two of them
+            g = parse_groups(pa.Table.from_batches(batches), n, self.topk, self.topk_by)
+        except (ValueError, pa.ArrowException):
+            return None
+        if not self._seen.keys().isdisjoint(g.sample_ids):
+            return None
+        counts = [b.num_rows // n for b in batches]
+        sizes = np.repeat([(b.get_total_buffer_size() if nb is None else nb) // c
+                           for (b, _, nb), c in zip(puts, counts)], counts)
+        filtered = g.variance == 0.0 if self.filter_zero_variance else None
+        held = sizes if filtered is None else sizes[~filtered]
+        if not self._fits(len(held) * n, int(np.add.reduce(held))):
+            return None
+        offset = np.concatenate([np.arange(0, c * n, n) for c in counts])
+        parents = [b for b, c in zip(batches, counts) for _ in range(c)]
+        seqs = self._accept(g, parents, offset, sizes, filtered,
+                            [(persist, b, c) for (b, persist, _), c in zip(puts, counts)]).tolist()
+        out, start = [], 0
+        for c in counts:
+            out.append([(seq, False) for seq in seqs[start:start + c]])
+            start += c
+        return out
+
+    def _accept(self, g: Parsed, parents: list[pa.RecordBatch], offset: np.ndarray, sizes: np.ndarray,
+                filtered: np.ndarray | None, persists: list[tuple[Persist | None, pa.RecordBatch, int]]
+                ) -> np.ndarray:
+        """Commit the checked new groups of ``g`` ((c,) each, group j being rows ``offset[j] + [0, n)`` of
+        ``parents[j]``, holding ``sizes[j]`` bytes): ``persist(batch, first_seq)`` per message (``batch``
+        of ``count`` groups) in order, before anything changes; then seqs, seen sample ids and slots.
+        Returns the (c,) seqs."""
+        first = seq = self._next_seq
+        for persist, batch, count in persists:
+            if persist is not None and count:
+                persist(batch, seq)
+            seq += count
+        self._next_seq = seq
+        seqs = np.arange(first, seq)
+        self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
+        self._admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
+        return seqs
 
     def _known(self, g) -> list[tuple[int, bool] | None]:
         """Per group of ``g``: ``(seq, True)`` if all its sample ids were accepted before with that group,
@@ -193,34 +257,39 @@ class GroupStore:
         filtered = np.array([self.filter_zero_variance and g.variance[0] == 0.0])
         if not filtered[0]:
             self._check_room(batch.num_rows, size)
-        self._admit(batch, np.zeros(1, np.int64), g.keep, size, np.array([seq]), g.versions, g.variance, uses,
-                    filtered)
+        self._admit([batch], np.zeros(1, np.int64), g.keep, np.array([size]), np.array([seq]), g.versions,
+                    g.variance, uses, filtered)
+
+    def _fits(self, rows: int, nbytes: int) -> bool:
+        return ((self.max_rows is None or self.rows + rows <= self.max_rows)
+                and (self.max_bytes is None or self.bytes + nbytes <= self.max_bytes))
 
     def _check_room(self, rows: int, nbytes: int) -> None:
-        over_rows = self.max_rows is not None and self.rows + rows > self.max_rows
-        over_bytes = self.max_bytes is not None and self.bytes + nbytes > self.max_bytes
-        if over_rows or over_bytes:
+        if not self._fits(rows, nbytes):
             self.refused_full += 1
             raise BufferFull(f"buffer full: {self.rows} of max_rows={self.max_rows} completions and {self.bytes} "
                              f"of max_bytes={self.max_bytes} bytes held; retry once the learners consume "
                              f"(or raise --max_rows / --max_bytes)")
 
-    def _admit(self, parent: pa.RecordBatch, offset: np.ndarray, keep: np.ndarray, nbytes: int, seq: np.ndarray,
-               version: np.ndarray, variance: np.ndarray, uses: int, filtered: np.ndarray | None) -> None:
-        """Hold c accepted groups of ``parent`` (rows ``offset[j] + [0, group_size)``; ``keep``: (c, k),
-        the rest (c,)), each ``nbytes``; those ``filtered`` (zero variance) or already stale are evicted."""
+    def _admit(self, parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, nbytes: np.ndarray,
+               seq: np.ndarray, version: np.ndarray, variance: np.ndarray, uses: int,
+               filtered: np.ndarray | None) -> None:
+        """Hold c accepted groups, group j being rows ``offset[j] + [0, group_size)`` of ``parents[j]``
+        (``keep``: (c, k), the rest (c,)); those ``filtered`` (zero variance) or already stale are evicted."""
         if filtered is not None and filtered.any():
             self.filtered_since_batch += int(filtered.sum())
             self._count_eviction("zero_variance", int(filtered.sum()))
             hold = ~filtered
+            parents = [p for p, h in zip(parents, hold.tolist()) if h]
             offset, keep, seq, version, variance = offset[hold], keep[hold], seq[hold], version[hold], variance[hold]
+            nbytes = nbytes[hold]
         if not len(offset):
             return
         stamp = np.full(len(offset), -1, np.int64) if self.restamp else version
-        slots = self._slots.add(parent, offset, keep, nbytes, seq, self._next_arrival, stamp, variance, uses)
+        slots = self._slots.add(parents, offset, keep, nbytes, seq, self._next_arrival, stamp, variance, uses)
         self._next_arrival += len(slots)
         self.rows += len(slots) * self.group_size
-        self.bytes += len(slots) * nbytes
+        self.bytes += int(np.add.reduce(nbytes))
         if not self.restamp and np.minimum.reduce(version) < self.learner_version - self.max_staleness:
             self._evict(slots[version < self.learner_version - self.max_staleness], "stale")
 

@@ -273,3 +273,45 @@ def test_retention_runs_in_the_commit_thread_and_deletes_consumed_segments(tmp_p
             time.sleep(0.1)
         assert c.stats()["segments_deleted"] == 4
     assert [p.name for p in segment_paths(tmp_path)] == ["segment-00004.arrow"]
+
+
+def test_requests_queued_at_one_poll_are_answered_in_order_each_put_on_its_own(tmp_path):
+    """PUTs queued together are admitted together (GroupStore.put_messages), yet each gets its own
+    answer; a request between them sees the PUTs before it and not those after it."""
+    server = BufferServer(ADDRESS, tmp_path, batch_size=2, max_staleness=1, topk=2, group_size=4)
+    requests = [
+        wire.encode(MsgType.PUT, "actor", 1, body=make_group("a")),
+        wire.encode(MsgType.PUT, "actor", 2, body=pa.concat_tables([make_group("b"), make_group("c")]).combine_chunks()),
+        wire.encode(MsgType.PUT, "actor", 3, body=make_group("bad", rewards=[0, 1, float("nan"), 2])),
+        wire.encode(MsgType.STATS, "actor", 4),
+        wire.encode(MsgType.PUT, "actor", 5, body=make_group("a")),  # a retry of seq 1
+        wire.encode(MsgType.PUT, "actor", 6, body=make_group("d")),
+    ]
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
+    with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as actor:
+        try:
+            actor.connect(server.address)
+            for frames in requests:  # queued before the loop runs: one poll finds them all
+                actor.send_multipart(frames)
+            while server._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
+                time.sleep(0.01)
+            time.sleep(0.2)
+            thread.start()
+            replies = {}
+            for _ in requests:
+                assert actor.poll(5000), "server did not answer"
+                header, _ = wire.decode(actor.recv_multipart())
+                replies[header.seq] = header
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            server.close()
+    assert [replies[s].type for s in range(1, 7)] == [MsgType.ACK, MsgType.ACK, MsgType.ERROR, MsgType.STATS,
+                                                       MsgType.ACK, MsgType.ACK]
+    assert replies[1].fields["seq_no"] == 0 and replies[2].fields["seq_nos"] == [1, 2]
+    assert replies[3].fields["code"] == "invalid" and "NaN" in replies[3].fields["error"]
+    assert (replies[4].fields["groups_put"], replies[4].fields["bad_requests"]) == (3, 1)
+    assert (replies[5].fields["seq_no"], replies[5].fields["duplicate"]) == (0, True)
+    assert (replies[6].fields["seq_no"], replies[6].fields["duplicate"]) == (3, False)
+    assert read_segments(tmp_path).column("group_id").to_pylist() == [g for g in "abcd" for _ in range(4)]

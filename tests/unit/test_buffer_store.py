@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffer.held import parse_groups
+from buffer.held import as_batch, parse_groups
 from buffer.selection import first_k, topk_rows
 from buffer.store import BufferFull, GroupStore
 from tests.helpers import make_group
@@ -428,3 +428,56 @@ def test_several_groups_a_put_equal_one_group_a_put(restamp):
     assert a.pop("bytes") > 0 and b.pop("bytes") > 0  # a multi-group PUT splits its message's bytes evenly
     assert a == b and most > 1024 and a["duplicates"] > 0 and a["evicted_zero_variance"] > 0
     assert restamp or a["evicted_stale"] > 0
+
+
+def test_put_messages_equals_one_put_groups_per_message():
+    """The server's path (the PUTs queued at one poll admitted together) against one put_groups per PUT:
+    the same answers, errors included, and the same state, through re-sent PUTs, a message repeated
+    within one call, invalid messages, a group id reused with new sample ids, zero-variance and stale
+    groups, and a full buffer. Both paths must be taken."""
+    rng = np.random.default_rng(1)
+    kw = dict(batch_size=6, max_staleness=1, topk=1, group_size=2, filter_zero_variance=True, max_rows=40)
+    together, apart, sent, version = store(**kw), store(**kw), [], 0
+    joint = []
+    put_together = together._put_together
+    together._put_together = lambda puts: joint.append(put_together(puts)) or joint[-1]
+
+    def answer(put, batch):
+        try:
+            return put(batch)
+        except (ValueError, BufferFull) as exc:
+            return type(exc), str(exc)
+
+    def message(step, i):
+        kind = rng.integers(0, 12)
+        groups = [make_group(f"s{step}m{i}g{j}", policy_version=int(rng.integers(max(0, version - 2), version + 1)),
+                             group_size=2, rewards=rng.integers(0, 3, 2).tolist()) for j in range(rng.integers(1, 4))]
+        if kind == 0 and sent:
+            return sent[rng.integers(len(sent))]  # a re-sent PUT
+        if kind == 1:
+            groups[-1] = make_group("bad", group_size=2, rewards=[0, float("nan")])
+        if kind == 2:
+            groups.append(make_group("odd", group_size=1))
+        if kind == 3:  # a reused group id with new sample ids: accepted (sample ids are the key)
+            groups[0] = make_group("again", group_size=2, rewards=[0, 1], sample_ids=[f"a{step}{i}", f"b{step}{i}"])
+        return as_batch(pa.concat_tables(groups))
+
+    for step in range(60):
+        batches = [message(step, i) for i in range(int(rng.integers(1, 7)))]
+        if rng.random() < 0.2:
+            batches.append(batches[0])  # the same PUT twice in one poll (a retry queued behind its original)
+        sent += batches
+        persisted_a, persisted_b = [], []
+        got = together.put_messages([(b, lambda b, seq: persisted_a.append((b.num_rows, seq)), None) for b in batches])
+        want = [answer(lambda b: apart.put_groups(b, lambda b, seq: persisted_b.append((b.num_rows, seq))), b)
+                for b in batches]
+        assert [r if isinstance(r, list) else (type(r), str(r)) for r in got] == want
+        assert persisted_a == persisted_b
+        if step % 3 == 2:
+            version += 1
+            a, b = together.select(version, 0, 1), apart.select(version, 0, 1)
+            assert (a is None) == (b is None) and (a is None or a.equals(b))
+    a, b = together.stats(), apart.stats()
+    assert a == b and a["duplicates"] > 0 and a["refused_full"] > 0 and a["evicted_zero_variance"] > 0
+    assert a["evicted_stale"] > 0
+    assert any(r is not None for r in joint) and any(r is None for r in joint)
