@@ -36,10 +36,11 @@ def rows_of(batch: pa.RecordBatch, groups: list[int], n: int) -> pa.RecordBatch:
     return batch.take(pa.array((np.asarray(groups, np.int64)[:, None] * n + np.arange(n)).ravel()))
 
 
-def parse_groups(batch: pa.RecordBatch, n: int, topk: int, topk_by: str) -> Parsed:
+def parse_groups(batch: pa.RecordBatch | pa.Table, n: int, topk: int, topk_by: str) -> Parsed:
     """Validate whole groups (runs of ``n`` rows) and compute their top-k rows and reward variances,
-    vectorized over the batch: a PUT's cost must not grow with Python work per row (two ``to_pylist``
-    of string columns are the only per-row Python: group ids for the checks, sample ids for de-duplication).
+    vectorized over the batch (one PUT's record batch, or a table over several PUTs' batches, each of
+    whole groups): a PUT's cost must not grow with Python work per row (two ``to_pylist`` of string
+    columns are the only per-row Python: group ids for the checks, sample ids for de-duplication).
 
     Raises ValueError naming what is wrong.
     """

@@ -20,7 +20,6 @@ survives a killed process; ``always`` also fsyncs each append, ``batch`` fsyncs 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import time
@@ -40,22 +39,8 @@ FIRST_SEQ_KEY = b"distrl.first_seq"
 GROUP_SIZE_KEY = b"distrl.group_size"
 FSYNC_POLICIES = ("always", "batch", "never")
 _sync = getattr(os, "fdatasync", os.fsync)  # data and size, not timestamps: cheaper where the OS has it
-WRITEBACK_BYTES = 1 << 20  # under ``batch``, writeback is started every time this much more was written
-
-
-def _writeback_starter():
-    """Linux's ``sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)``: start writing a range of
-    a file to the disk and return without waiting (RocksDB's ``bytes_per_sync`` does the same), so that
-    the fsync at a commit finds most of the range already written. None where libc lacks it."""
-    try:
-        call = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return lambda fd, offset, nbytes: call(fd, offset, nbytes, 2)  # 2 = SYNC_FILE_RANGE_WRITE
-
-
-_start_writeback = _writeback_starter()
+RELEASE_BYTES = 1 << 20  # under batch and never, the log's pages are released each time this much more was written
+_FADVISE = hasattr(os, "posix_fadvise")  # Linux, the BSDs; not macOS
 
 
 def _segment_dir(directory: str | os.PathLike) -> Path:
@@ -80,27 +65,39 @@ class _SyncedFile:
         self.path, self.fsync = path, fsync
         self.file = open(path, mode)
         self._dirty = False
-        self._unstarted = self.file.tell()  # under batch: the first byte whose writeback was not started
+        self._released = self.file.tell()  # the file's size at the last release
 
     def written(self) -> None:
-        """Call after each logical append: flush to the OS, fsync now under ``always``; under ``batch``
-        start the writeback of each further WRITEBACK_BYTES written (:func:`_writeback_starter`)."""
+        """Call after each logical append: flush to the OS; fsync now under ``always``; under the others,
+        release the file's pages each further RELEASE_BYTES written (:meth:`_release`), so that a
+        commit's fsync finds little left to write."""
         self.file.flush()
         if self.fsync == "always":
-            _sync(self.file.fileno())
+            self._sync()
             return
         self._dirty = True
-        if self.fsync == "batch" and _start_writeback is not None:
-            end = self.file.tell()
-            if end - self._unstarted >= WRITEBACK_BYTES:
-                _start_writeback(self.file.fileno(), self._unstarted, end - self._unstarted)
-                self._unstarted = end
+        end = self.file.tell()
+        if end - self._released >= RELEASE_BYTES:
+            self._release()
+            self._released = end
 
     def commit(self) -> None:
         """fsync what was written since the last commit (``batch``; a no-op for the other policies)."""
         if self._dirty and self.fsync == "batch":
-            _sync(self.file.fileno())
+            self._sync()
         self._dirty = False
+
+    def _sync(self) -> None:
+        _sync(self.file.fileno())
+        self._release()
+
+    def _release(self) -> None:
+        """``posix_fadvise(DONTNEED)`` over the whole file: the OS starts writing its dirty pages to the
+        disk, without waiting, and drops the clean ones from the page cache. The log is not read while
+        serving, so its pages would only hold memory; new writes reuse them instead of memory new to the
+        machine (docs/buffer.md, "Ingest")."""
+        if _FADVISE:
+            os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 class SegmentLog:

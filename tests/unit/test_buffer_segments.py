@@ -1,6 +1,9 @@
 """The segment log (Arrow IPC stream, fsync policies, rotation, retention), the consumption log and
 the lineage reader, on real files."""
 
+import shutil
+import subprocess
+
 import pyarrow as pa
 import pytest
 
@@ -160,3 +163,27 @@ def test_several_groups_in_one_append_read_back_as_groups(tmp_path):
     legacy.append(pa.concat_tables([make_group("a", group_size=2), make_group("b", group_size=3)]), 0)
     legacy.close()
     assert [g.num_rows for _, g in read_groups(tmp_path / "legacy")] == [2, 3]
+
+
+def resident_bytes(path) -> int:
+    """Bytes of the file in the page cache (util-linux's fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)], check=True,
+                         capture_output=True, text=True).stdout
+    return int(out.strip())
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="util-linux's fincore is not installed")
+@pytest.mark.parametrize("policy", ["batch", "always"])
+def test_the_log_leaves_the_page_cache_once_synced(tmp_path, policy):
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() == "tmpfs":
+        pytest.skip("on tmpfs the page cache is the file")
+    log = SegmentLog(tmp_path, fsync=policy)
+    write(log, [make_group(f"g{i}", completion_len=20_000) for i in range(8)])  # about 0.64 MB each
+    if policy == "always":
+        assert resident_bytes(log.path) == 0  # each append synced and dropped
+    else:  # the last MiB at least was written after the last release: not on the disk yet, still cached
+        assert resident_bytes(log.path) >= 2**20 * 0.5
+    log.commit()
+    assert resident_bytes(log.path) == 0
+    assert read_segments(tmp_path).num_rows == 8 * 4
+    log.close()
