@@ -1,11 +1,15 @@
 """Buffer benchmark on loopback (issue 3): ingest against raw ZeroMQ and Ray, GET latency at 1M completions.
 
-    .venv/bin/python bench/buffer.py            # about 30 s on 2 cores; --quick for a smoke run
+    .venv/bin/python bench/buffer.py            # about a minute on 2 cores; --quick for a smoke run
 
-1. Ingest. The same pre-encoded PUT messages (JSON header + Arrow IPC body of one group) go from one
-   DEALER, ``--window`` requests in flight, to (a) a raw ZeroMQ ROUTER in another process that only
-   answers a tiny ACK, and (b) `distrl buffer` (``--fsync batch``: validated, de-duplicated, cut to top-k,
-   written to the segment log and fsynced before the ACK). Ratio = buffer MB/s / raw MB/s.
+1. Ingest. The same pre-encoded PUT messages (JSON header + Arrow IPC body of ``--groups_per_put``
+   groups) go from one DEALER, ``--window`` requests in flight, to (a) a raw ZeroMQ ROUTER in another
+   process that only answers a tiny ACK, and (b) `distrl buffer` (``--fsync batch``: validated,
+   de-duplicated, cut to top-k, written to the segment log and fsynced before the ACK). Ratio = buffer
+   MB/s / raw MB/s. Each round sends ``--round_groups`` new groups to every server (a sustained stream,
+   many windows long: a burst of one window would time the last commit's fsync more than the stream),
+   then as many again one group a PUT; after each round a learner takes batches of 256 groups from
+   each buffer until fewer are held, so that, as in a run, groups leave and their memory is reused.
    Three more raw servers show what keeping the bytes costs by itself: (c) one that holds every
    received message, (d) one that also appends each body to a file (flushed to the OS, no fsync), and
    (e) one that receives each body (``recv_into``) into a 1 GiB ring written before serving. (c) and (d)
@@ -242,11 +246,22 @@ def pump_profiled(address: str, messages: list[list[bytes]], window: int, pid: i
     return seconds, {k: (after[k] - before[k]) / len(messages) * 1e6 for k in before}
 
 
-def get_latencies(address: str, gets: int) -> np.ndarray:
-    """Milliseconds per GET (one new version each), round trip with the body decoded."""
+def drain(address: str, version: int) -> int:
+    """A learner takes batches of 256 groups (versions ``version``, ``version + 1``, ...) until fewer are
+    held, so that the groups leave memory as in a run; returns the next version."""
+    with BufferClient(address, "drain", timeout_s=60.0) as c:
+        while c.stats()["groups"] >= 256:
+            c.get(version, timeout_s=30)
+            version += 1
+    return version
+
+
+def get_latencies(address: str, gets: int, first_version: int) -> np.ndarray:
+    """Milliseconds per GET (one new version each, from ``first_version``), round trip with the body
+    decoded."""
     with BufferClient(address, "learner0", timeout_s=60.0) as c:
         out = []
-        for v in range(gets):
+        for v in range(first_version, first_version + gets):
             t0 = time.perf_counter()
             batch = c.get(v, timeout_s=30)
             out.append((time.perf_counter() - t0) * 1e3)
@@ -261,6 +276,8 @@ def main() -> dict:
     p.add_argument("--window", type=int, default=256, help="PUTs in flight (one client, standing for many actors)")
     p.add_argument("--groups_per_put", type=int, default=8, help="groups per PUT message (an actor's generate call)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved raw/buffer rounds (medians are reported)")
+    p.add_argument("--round_groups", type=int, default=3200,
+                   help="groups a round sends to each server with --groups_per_put a PUT, and as many one a PUT")
     p.add_argument("--fill_rows", type=int, default=1_000_000, help="completions sent before timing GETs")
     p.add_argument("--gets", type=int, default=200)
     p.add_argument("--no_ray", action="store_true", help="skip the Ray baseline (a machine without Ray)")
@@ -272,11 +289,9 @@ def main() -> dict:
         raw_server(a.raw_server, a.raw_mode, a.raw_log)
         return {}
     if a.quick:
-        a.fill_rows, a.gets, a.rounds = 60_000, 10, 1
-    big_n, n, k = (500 if a.quick else 1500), 16, 4
-    big = make_groups(big_n * a.rounds, n, completion_len=256, prompt_len=128, tag="big")
-    small = make_groups(max(256, a.fill_rows // n - big_n * a.rounds), n, completion_len=16, prompt_len=16, tag="small")
-    results = run_all(a, big, small, big_n, n, k)
+        a.fill_rows, a.gets, a.rounds, a.round_groups = 60_000, 10, 1, 400
+    n, k = 16, 4
+    results = run_all(a, n, k)
     report(results, n)
     return results
 
@@ -287,7 +302,7 @@ def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str, *extra: 
                   "1000000", "--fsync", fsync, "--max_rows", "4000000", "--max_bytes", str(16 * 2**30), *extra])
 
 
-def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k: int) -> dict:
+def run_all(a, n: int, k: int) -> dict:
     """Every measurement of the module docstring; returns seconds, bytes and latencies."""
     probe = memory_probe()  # before the servers take memory
     ports = [free_port() for _ in range(7)]
@@ -300,6 +315,7 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
              start([*raw_args, str(ports[5]), "--raw-mode", "ring"]),
              buffer_process(ports[6], f"{tmp}/cold", n, k, "batch", "--prefault_bytes", "0")]
     raw, buf, nosync, hold, hold_write, ring, cold = (f"tcp://127.0.0.1:{p}" for p in ports)
+    versions = dict.fromkeys((buf, nosync, cold), 0)  # each buffer's next learner version
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
          "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "cold": [], "raw_single": [], "buffer_single": [], "cpu_raw": [],
          "cpu_buffer": [], **probe}
@@ -308,27 +324,35 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
         for address in (raw, buf, nosync, hold, hold_write, ring, cold):  # warm up (first Arrow calls import lazily): not timed
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
         for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
-            groups = big[i * big_n:(i + 1) * big_n]
-            msgs, nbytes = encode_puts(groups[: big_n // 2], a.groups_per_put)
+            groups = make_groups(2 * a.round_groups, n, completion_len=256, prompt_len=128, tag=f"r{i}-")
+            msgs, nbytes = encode_puts(groups[:a.round_groups], a.groups_per_put)
+            single, single_bytes = encode_puts(groups[a.round_groups:], 1)
+            del groups
             for key, address in (("raw", raw), ("buffer", buf), ("never", nosync), ("raw_hold", hold),
                                  ("raw_hold_write", hold_write), ("raw_ring", ring), ("cold", cold)):
                 r[key].append(nbytes / pump(address, msgs, a.window))
-            single, single_bytes = encode_puts(groups[big_n // 2:], 1)
             for key, address in (("raw_single", raw), ("buffer_single", buf)):
                 r[key].append(single_bytes / pump(address, single, a.window))
-            r["big_rows"], r["big_bytes"] = big_n // 2 * n, nbytes
+            r["big_rows"], r["big_bytes"] = a.round_groups * n, nbytes
+            del msgs, single
+            for address in versions:  # learners consume between rounds: memory is reused, as in a run
+                versions[address] = drain(address, versions[address])
         r["prof_groups"] = 500 if a.quick else 4000
         prof = make_groups(r["prof_groups"], n, completion_len=256, prompt_len=128, tag="prof")
         prof_msgs = encode_puts(prof, a.groups_per_put)[0]  # long enough for the 10 ms CPU clock ticks
         for key, address in (("raw", raw), ("buffer", buf)):
             r[f"cpu_{key}"].append(pump_profiled(address, prof_msgs, a.window, pids[key])[1])
         del prof, prof_msgs
+        versions[buf] = drain(buf, versions[buf])
+        with BufferClient(buf, "bench") as c:
+            held = c.stats()["rows"]
+        small = make_groups(max(256, (a.fill_rows - held) // n), n, completion_len=16, prompt_len=16, tag="small")
         small_msgs, r["small_bytes"] = encode_puts(small, a.groups_per_put)
         r["raw_small"] = r["small_bytes"] / pump(raw, small_msgs, a.window)
         r["buffer_small"] = r["small_bytes"] / pump(buf, small_msgs, a.window)
         with BufferClient(buf, "bench") as c:
             r["put_rows"], r["held_rows"] = c.stats()["groups_put"] * n, c.stats()["rows"]
-        lat = get_latencies(buf, min(a.gets, r["put_rows"] // n // 256))
+        lat = get_latencies(buf, min(a.gets, r["held_rows"] // n // 256), versions[buf])
         r["get_p50_ms"], r["get_p99_ms"] = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
     finally:
         for proc in procs:
@@ -336,8 +360,8 @@ def run_all(a, big: list[pa.Table], small: list[pa.Table], big_n: int, n: int, k
                 proc.kill()
                 proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
-    ray_msgs, ray_bytes = encode_puts(big[:min(400, big_n)], 1)
-    r["ray"] = None if a.no_ray else ray_bytes / ray_ingest(big[:min(400, big_n)], a.window)
+    ray_groups = make_groups(400, n, completion_len=256, prompt_len=128, tag="ray")
+    r["ray"] = None if a.no_ray else encode_puts(ray_groups, 1)[1] / ray_ingest(ray_groups, a.window)
     return r
 
 
@@ -361,7 +385,8 @@ def report(r: dict, n: int) -> None:
              ("buffer --fsync batch, 1 group a PUT", med["buffer_single"], ratio_single),
              ("Ray actor, rows as Python objects", r["ray"], r["ray"] / med["raw_single"] if r["ray"] else None)]
     print(f"\ningest on loopback: one client with {r['window']} PUTs in flight; groups of {n} completions of 256 "
-          f"tokens ({row_bytes / 1e3:.1f} kB a row); median of {r['rounds']} interleaved rounds")
+          f"tokens ({row_bytes / 1e3:.1f} kB a row); median of {r['rounds']} interleaved rounds of "
+          f"{r['big_rows'] // n:,} groups ({r['big_bytes'] / 1e6:.0f} MB) a path")
     print(f"{'path':40s} {'MB/s':>9s} {'rows/s':>10s} {'vs raw':>7s}")
     for name, mbs, vs in lines:
         if mbs is None:
