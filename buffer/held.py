@@ -82,6 +82,37 @@ def parse_groups(batch: pa.RecordBatch | pa.Table, n: int, topk: int, topk_by: s
     return Parsed(heads, versions, sample_ids, keep, variance)
 
 
+class RecentIds:
+    """Sample id -> seq of the group that brought it, for at least the last ``window`` ids added and at
+    most twice as many (plus one update): two generations of dicts; once the newer holds ``window``
+    ids, the older is dropped and the newer takes its place. So the de-duplication memory of a
+    week-long run stays bounded, and a re-sent PUT is recognized while fewer than ``window`` newer
+    sample ids were accepted since its first send."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"the de-duplication window must be >= 1 sample id, got {window}")
+        self.window = window
+        self._new: dict[str, int] = {}
+        self._old: dict[str, int] = {}
+
+    def isdisjoint(self, ids: list[str]) -> bool:
+        return self._new.keys().isdisjoint(ids) and self._old.keys().isdisjoint(ids)
+
+    def get(self, sample_id: str) -> int | None:
+        seq = self._new.get(sample_id)
+        return self._old.get(sample_id) if seq is None else seq
+
+    def update(self, pairs) -> None:
+        """Add ``(sample_id, seq)`` pairs (an iterable or a dict)."""
+        if len(self._new) >= self.window:
+            self._old, self._new = self._new, {}
+        self._new.update(pairs)
+
+    def __len__(self) -> int:
+        return len(self._new) + len(self._old)
+
+
 class Slots:
     """Numpy columns of the held groups, one slot per group; freed slots are reused, capacity doubles.
 

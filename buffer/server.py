@@ -53,7 +53,7 @@ from buffer.memory import prefault_heap
 from buffer.recovery import restore_store
 from buffer.security import CurveServer
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
-from buffer.store import BufferFull, GroupStore
+from buffer.store import DEDUP_WINDOW, BufferFull, GroupStore
 from distrl import wire
 from distrl.metrics import Metrics
 from distrl.wire import Header, MsgType
@@ -113,6 +113,7 @@ class BufferServer:
         topk_by, order, filter_zero_variance, replay_ratio, max_rows, max_bytes: see GroupStore.
         fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
+        dedup_window: sample ids remembered to drop re-sent PUTs (see :class:`GroupStore`).
         prefault_bytes: heap written before serving, for received messages (:mod:`buffer.memory`; at
             most ``max_bytes``); 0 leaves malloc as it is.
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
@@ -130,6 +131,7 @@ class BufferServer:
                  replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
                  fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
                  retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, prefault_bytes: int = 0,
+                 dedup_window: int = DEDUP_WINDOW,
                  poll_ms: int = 50,
                  resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None, restamp: bool = False,
                  curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
@@ -137,7 +139,7 @@ class BufferServer:
             raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
                                   f"or give a new run directory")
         self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by, order, filter_zero_variance,
-                                replay_ratio, max_rows, max_bytes, restamp)
+                                replay_ratio, max_rows, max_bytes, restamp, dedup_window)
         self.replay = replay_from is not None
         if not self.replay:  # before the ZeroMQ context starts its I/O thread
             prefault_heap(prefault_bytes if max_bytes is None else min(prefault_bytes, max_bytes))

@@ -34,11 +34,12 @@ from typing import Callable, Literal
 import numpy as np
 import pyarrow as pa
 
-from buffer.held import Parsed, Slots, as_batch, cut, parse_groups, rows_of
+from buffer.held import Parsed, RecentIds, Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
 from distrl.wire import COMPLETION_SCHEMA
 
 EVICTION_REASONS = ("stale", "zero_variance")
+DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
 
 
 Persist = Callable[[pa.RecordBatch, int], None]  # (new groups, seq of the first) -> None
@@ -70,13 +71,15 @@ class GroupStore:
         replay_ratio: times a group may be handed out (>= 1).
         max_rows, max_bytes: memory bounds (completions of whole groups, Arrow bytes); None = unbounded.
         restamp: staleness counts from a group's first use (offline replay), not its recorded version.
+        dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
+            (:class:`buffer.held.RecentIds`).
     Raises ValueError on out-of-range arguments.
     """
 
     def __init__(self, batch_size: int, max_staleness: int, topk: int, group_size: int,
                  topk_by: Literal["reward", "abs_advantage"] = "reward", order: str = "fifo",
                  filter_zero_variance: bool = False, replay_ratio: int = 1, max_rows: int | None = None,
-                 max_bytes: int | None = None, restamp: bool = False) -> None:
+                 max_bytes: int | None = None, restamp: bool = False, dedup_window: int = DEDUP_WINDOW) -> None:
         if batch_size < 1 or group_size < 1 or max_staleness < 0 or replay_ratio < 1:
             raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0, replay_ratio >= 1; "
                              f"got {batch_size}, {group_size}, {max_staleness}, {replay_ratio}")
@@ -92,7 +95,7 @@ class GroupStore:
         self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
         self.learner_version = 0
         self._slots = Slots(topk)
-        self._seen: dict[str, int] = {}  # sample_id -> seq of the group that brought it
+        self._seen = RecentIds(dedup_window)  # sample_id -> seq of the group that brought it
         self._selections: dict[int, _Selection] = {}  # version -> selection not yet dropped
         self._last_selected = -1  # selections are made for increasing versions only
         self._next_seq = self._next_arrival = 0
@@ -130,7 +133,7 @@ class GroupStore:
         batch = as_batch(groups)
         g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
         n, m = self.group_size, len(g.group_ids)
-        results = None if self._seen.keys().isdisjoint(g.sample_ids) else self._known(g)  # usually None
+        results = None if self._seen.isdisjoint(g.sample_ids) else self._known(g)  # usually None
         new = m if results is None else m - sum(r is not None for r in results)
         size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // m
         offset = np.arange(0, m * n, n)  # each group's first row
@@ -182,7 +185,7 @@ class GroupStore:
             g = parse_groups(pa.Table.from_batches(batches), n, self.topk, self.topk_by)
         except (ValueError, pa.ArrowException):
             return None
-        if not self._seen.keys().isdisjoint(g.sample_ids):
+        if not self._seen.isdisjoint(g.sample_ids):
             return None
         counts = [b.num_rows // n for b in batches]
         sizes = np.repeat([(b.get_total_buffer_size() if nb is None else nb) // c
@@ -246,7 +249,7 @@ class GroupStore:
         if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
             raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
         g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
-        if not self._seen.keys().isdisjoint(g.sample_ids):
+        if not self._seen.isdisjoint(g.sample_ids):
             raise ValueError(f"group {g.group_ids[0]!r} (seq {seq}) repeats sample ids of an earlier group")
         self._seen.update(dict.fromkeys(g.sample_ids, seq))
         self._next_seq = max(self._next_seq, seq + 1)

@@ -115,6 +115,10 @@ class StorageOptions:
     """Heap the buffer writes once at start (at most --max_bytes and half the memory the process may use;
     0: none) so that received groups land in memory already written and freed groups' memory is reused
     (glibc; docs/buffer.md, "Ingest")."""
+    dedup_window: int = 1 << 20
+    """Sample ids the buffer remembers (at least the last this many accepted, at most twice as many) to
+    drop re-sent PUTs as duplicates: bounded memory in a long run. A client's retries end within
+    minutes (30 s x 6 sends by default); a PUT re-sent after more newer completions is accepted again."""
     segment_max_bytes: int = 256 * MiB
     """A segment file is closed and a new one started once it reaches this size, in bytes."""
     retention_bytes: Optional[int] = None
@@ -127,8 +131,8 @@ class StorageOptions:
         """Raise ValueError naming the first bad storage option."""
         if self.fsync not in ("always", "batch", "never"):
             raise ValueError(f"--fsync must be always, batch or never, got {self.fsync!r}")
-        for name in ("max_rows", "max_bytes", "max_msg_bytes", "segment_max_bytes", "retention_bytes",
-                     "retention_s"):
+        for name in ("max_rows", "max_bytes", "max_msg_bytes", "dedup_window", "segment_max_bytes",
+                     "retention_bytes", "retention_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name} must be > 0, got {value}")

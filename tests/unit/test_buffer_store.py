@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from buffer.held import as_batch, parse_groups
+from buffer.held import RecentIds, as_batch, parse_groups
 from buffer.selection import first_k, topk_rows
 from buffer.store import BufferFull, GroupStore
 from tests.helpers import make_group
@@ -481,3 +481,32 @@ def test_put_messages_equals_one_put_groups_per_message():
     assert a == b and a["duplicates"] > 0 and a["refused_full"] > 0 and a["evicted_zero_variance"] > 0
     assert a["evicted_stale"] > 0
     assert any(r is not None for r in joint) and any(r is None for r in joint)
+
+
+def test_recent_ids_remember_at_least_the_window_and_at_most_twice_it():
+    ids = RecentIds(window=4)
+    for i in range(4):
+        ids.update([(f"a{i}", i)])
+    assert len(ids) == 4 and ids.get("a0") == 0
+    ids.update([("b0", 10), ("b1", 11)])  # the newer generation was full: it becomes the older
+    assert ids.get("a0") == 0 and ids.get("b1") == 11 and not ids.isdisjoint(["x", "a3"])
+    ids.update([("b2", 12), ("b3", 13)])
+    assert len(ids) == 8  # twice the window, the most it holds between updates
+    ids.update([("c0", 20)])  # the a's go
+    assert ids.get("a0") is None and ids.isdisjoint(["a0", "a1", "a2", "a3"])
+    assert [ids.get(f"b{i}") for i in range(4)] == [10, 11, 12, 13] and len(ids) == 5
+    with pytest.raises(ValueError, match="window"):
+        RecentIds(0)
+
+
+def test_a_resent_put_is_a_duplicate_within_the_dedup_window_and_memory_stays_bounded():
+    s = store(batch_size=1, group_size=4, dedup_window=16, max_rows=10_000)
+    assert s.put(make_group("first")) == (0, False)
+    for i in range(3):  # 12 newer sample ids: still within the window of 16
+        s.put(make_group(f"g{i}"))
+    assert s.put(make_group("first")) == (0, True)
+    for i in range(3, 200):
+        s.put(make_group(f"g{i}"))
+        assert len(s._seen) <= 2 * 16 + 4
+    assert s.put(make_group("first")) == (201, False)  # long forgotten: accepted again, as documented
+    assert s.stats()["duplicates"] == 1
