@@ -83,11 +83,12 @@ def parse_groups(batch: pa.RecordBatch | pa.Table, n: int, topk: int, topk_by: s
 
 
 class RecentIds:
-    """Sample id -> seq of the group that brought it, for at least the last ``window`` ids added and at
-    most twice as many (plus one update): two generations of dicts; once the newer holds ``window``
-    ids, the older is dropped and the newer takes its place. So the de-duplication memory of a
-    week-long run stays bounded, and a re-sent PUT is recognized while fewer than ``window`` newer
-    sample ids were accepted since its first send."""
+    """Sample id -> seq of the group that brought it, for at least the last ``window`` ids added: two
+    generations of dicts; an update finding the newer one holding ``window`` ids drops the older and
+    starts a new one, so at most ``2 * (window - 1)`` ids plus the last two updates are held. So the
+    de-duplication memory of a week-long run stays bounded, and a re-sent PUT is recognized while
+    fewer than ``window`` newer sample ids were accepted since its first send. The ids of one update
+    (a group's, always) stay in one generation."""
 
     def __init__(self, window: int) -> None:
         if window < 1:

@@ -61,7 +61,7 @@ def restore_store(store: GroupStore, directory: str | os.PathLike, use_consumed:
     later versions are rolled back first (:func:`roll_back_consumed`) and their groups served again.
     Returns ``{"groups": groups read, "held": groups now in memory, "consumed": groups used at least
     once, "learner_version": version resumed from, "rolled_back": consumption records dropped}``.
-    Raises ValueError on a corrupt log (another schema, a repeated sample id),
+    Raises ValueError on a corrupt log (another schema, an invalid group),
     buffer.store.BufferFull if the held groups exceed the bounds.
     """
     rolled_back = 0

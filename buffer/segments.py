@@ -76,10 +76,8 @@ class _SyncedFile:
             self._sync()
             return
         self._dirty = True
-        end = self.file.tell()
-        if end - self._released >= RELEASE_BYTES:
+        if self.file.tell() - self._released >= RELEASE_BYTES:
             self._release()
-            self._released = end
 
     def commit(self) -> None:
         """fsync what was written since the last commit (``batch``; a no-op for the other policies)."""
@@ -98,6 +96,7 @@ class _SyncedFile:
         machine (docs/buffer.md, "Ingest")."""
         if _FADVISE:
             os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        self._released = self.file.tell()
 
 
 class SegmentLog:

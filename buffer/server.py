@@ -77,6 +77,13 @@ class _Put(NamedTuple):
     nbytes: int
 
 
+class _Request(NamedTuple):
+    """A decoded request other than PUT, waiting for the PUTs queued before it."""
+
+    envelope: list
+    header: Header
+
+
 class Unsupported(ValueError):
     """A well-formed request of a type this server does not answer (ERROR code ``unsupported``)."""
 
@@ -237,9 +244,16 @@ class BufferServer:
                 msg = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)  # zero-copy: bodies stay zmq frames
             except zmq.Again:
                 break
-            reply = self._handle(msg, puts, now)
-            if reply is not None:
-                now.append(reply)
+            request = self._decode(msg)
+            if isinstance(request, _Put):
+                puts.append(request)
+                continue
+            if isinstance(request, _Request):
+                if puts:  # the PUTs before it first; outside any try: a failed commit ends the server
+                    self._admit_puts(puts, now)
+                    puts = []
+                request = self._answer(request)
+            now.append(request)
             if not self._running:
                 break
         if puts:
@@ -286,10 +300,9 @@ class BufferServer:
         for frames in replies:
             self._sock.send_multipart(frames)
 
-    def _handle(self, msg: list[zmq.Frame], puts: list[_Put], now: list[list]) -> list | None:
-        """The reply frames (with the envelope) to one request; bad input gets ERROR, never an exception.
-        A well-formed PUT is decoded and added to ``puts`` instead (None is returned); any other request
-        is answered after the ``puts`` before it are admitted (:meth:`_admit_puts`, errors to ``now``)."""
+    def _decode(self, msg: list[zmq.Frame]) -> _Put | _Request | list:
+        """One request decoded: a PUT's groups (admitted by :meth:`_admit_puts`), another request (answered
+        by :meth:`_answer`), or the ERROR reply frames (with the envelope) of a bad one; never an exception."""
         envelope, frames = msg[:1], msg[1:]
         if len(frames) > 1 and len(frames[0]) == 0:  # a REQ peer's delimiter
             envelope, frames = msg[:2], msg[2:]
@@ -299,19 +312,21 @@ class BufferServer:
             seq = header.seq
             self._seen_client(header.sender)
             if header.type is MsgType.PUT:
-                puts.append(self._decode_put(envelope, header, body))
-                return None
-            if puts:
-                self._admit_puts(puts, now)
-                puts.clear()
-            handler = self._handlers.get(header.type)
-            if handler is None:
+                return self._decode_put(envelope, header, body)
+            if header.type not in self._handlers:
                 raise Unsupported(f"the buffer does not answer {header.type.value} messages")
             if body is not None:
                 raise ValueError(f"{header.type.value} takes no body")
-            return [*envelope, *handler(header, body)]
+            return _Request(envelope, header)
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*envelope, *self._error(exc, envelope, seq)]
+
+    def _answer(self, request: _Request) -> list:
+        """The reply frames (with the envelope) to a request other than PUT; bad fields get ERROR."""
+        try:
+            return [*request.envelope, *self._handlers[request.header.type](request.header, None)]
+        except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
+            return [*request.envelope, *self._error(exc, request.envelope, request.header.seq)]
 
     def _error(self, exc: Exception, envelope: list[bytes], seq: int) -> list[bytes]:
         self.bad_requests += 1
@@ -472,12 +487,16 @@ class BufferServer:
         self._sock.close(linger=500 if self._shutdown_requested else 0)
         self._close_context()
         self._commit_pool.shutdown()  # waits for a commit or retention in flight
-        if self.segments is not None:
-            self.segments.close()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-        self.consumed.close()
-        self.metrics.close()
+        try:
+            if self.segments is not None:
+                self.segments.close()  # raises again after a disk error: the rest is closed all the same
+        finally:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            try:
+                self.consumed.close()
+            finally:
+                self.metrics.close()
         if self._retention is not None:
             self._retention.result()  # re-raises its disk error
 

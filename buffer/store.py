@@ -157,10 +157,12 @@ class GroupStore:
                  ) -> list[list[tuple[int, bool]] | Exception]:
         """:meth:`put_groups` for several PUTs ``(batch, persist, nbytes)``, in order, each answered on its
         own: its ``(seq, duplicate)`` list, or the exception it raised (ValueError, BufferFull; nothing of
-        that PUT is accepted). The result is what one ``put_groups`` per PUT gives; when every PUT holds
-        only new, valid whole groups and all fit, they are checked and admitted together (one parse, one
-        de-duplication check, one admission: the server hands it the PUTs queued at one poll, and per-PUT
-        Python overhead was most of its ingest cost), else one at a time.
+        that PUT is accepted). The answers and the held groups are what one ``put_groups`` per PUT gives
+        (only the de-duplication memory may turn a generation over at another point); when every PUT
+        holds only new, valid whole groups and all fit, they are checked and admitted together (one
+        parse, one de-duplication check, one admission: the server hands it the PUTs queued at one poll,
+        and per-PUT Python overhead was most of its ingest cost), else one at a time. ``persist`` must
+        not raise (the server's appends to a list): a later PUT's failure could not undo an earlier's.
         """
         together = self._put_together(puts) if len(puts) > 1 else None
         if together is not None:
@@ -218,7 +220,8 @@ class GroupStore:
             seq += count
         self._next_seq = seq
         seqs = np.arange(first, seq)
-        self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
+        if len(seqs):  # an empty update would still turn a full generation of RecentIds over
+            self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
         self._admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
         return seqs
 
@@ -241,16 +244,15 @@ class GroupStore:
     def restore(self, group: pa.Table | pa.RecordBatch, seq: int, uses: int = 0) -> None:
         """Re-admit one group read back from the segment log (resume, replay); no persist, no dedup count.
 
-        It counts as produced (one credit granted); its sample ids become seen; it is held unless it
-        was already used ``replay_ratio`` times or is filtered. Raises ValueError if it is not a valid
-        group or repeats sample ids, BufferFull if memory is full.
+        It counts as produced (one credit granted); its sample ids become seen (a log may hold a group
+        twice, re-sent after the de-duplication window forgot it: the later one counts); it is held
+        unless it was already used ``replay_ratio`` times or is filtered. Raises ValueError if it is
+        not a valid group, BufferFull if memory is full.
         """
         batch = as_batch(group)
         if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
             raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
         g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
-        if not self._seen.isdisjoint(g.sample_ids):
-            raise ValueError(f"group {g.group_ids[0]!r} (seq {seq}) repeats sample ids of an earlier group")
         self._seen.update(dict.fromkeys(g.sample_ids, seq))
         self._next_seq = max(self._next_seq, seq + 1)
         self.credits_granted += 1

@@ -116,7 +116,7 @@ class StorageOptions:
     0: none) so that received groups land in memory already written and freed groups' memory is reused
     (glibc; docs/buffer.md, "Ingest")."""
     dedup_window: int = 1 << 20
-    """Sample ids the buffer remembers (at least the last this many accepted, at most twice as many) to
+    """Sample ids the buffer remembers (at least the last this many accepted, about twice at most) to
     drop re-sent PUTs as duplicates: bounded memory in a long run. A client's retries end within
     minutes (30 s x 6 sends by default); a PUT re-sent after more newer completions is accepted again."""
     segment_max_bytes: int = 256 * MiB

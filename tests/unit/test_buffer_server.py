@@ -315,3 +315,43 @@ def test_requests_queued_at_one_poll_are_answered_in_order_each_put_on_its_own(t
     assert (replies[5].fields["seq_no"], replies[5].fields["duplicate"]) == (0, True)
     assert (replies[6].fields["seq_no"], replies[6].fields["duplicate"]) == (3, False)
     assert read_segments(tmp_path).column("group_id").to_pylist() == [g for g in "abcd" for _ in range(4)]
+
+
+def test_a_failed_commit_ends_the_server_whatever_request_follows(tmp_path, monkeypatch):
+    """A disk error in the commit thread must end the loop with that error, also when it is found while
+    the PUTs queued before another request are admitted (not turned into that request's ERROR, which
+    would leave the failed commit's PUTs unanswered and let the next commit hand their groups out)."""
+    fail, real_sync, calls = threading.Event(), segments._sync, []
+
+    def disk_full_once(fd):  # the first commit fails; later ones would succeed
+        calls.append(fd)
+        if len(calls) > 1:
+            return real_sync(fd)
+        fail.wait(10)
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(segments, "_sync", disk_full_once)
+    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=1, topk=4, group_size=4, fsync="batch")
+    with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as actor:
+        try:
+            actor.connect(server.address)
+
+            def queue(*requests):
+                for frames in requests:
+                    actor.send_multipart(frames)
+                while server._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN == 0:
+                    time.sleep(0.01)
+                time.sleep(0.2)  # all of them queued
+
+            server._running = True  # as serve() sets it
+            queue(wire.encode(MsgType.PUT, "actor", 1, body=make_group("a")))
+            server._handle_queued()  # admitted; its commit waits in the fsync
+            fail.set()
+            while not server._committing[0].done():
+                time.sleep(0.01)
+            queue(wire.encode(MsgType.PUT, "actor", 2, body=make_group("b")),
+                  wire.encode(MsgType.GET, "actor", 3, learner_version=0, rank=0, world_size=1))
+            with pytest.raises(OSError, match="No space"):
+                server._handle_queued()  # admitting b before answering the GET finds the failed commit
+            assert actor.poll(200) == 0  # nothing acknowledged, nothing handed out
+        finally:
+            server.close()

@@ -349,8 +349,9 @@ def test_restore_skips_used_up_groups_but_remembers_their_sample_ids():
     stats = s.stats()
     assert (stats["groups"], stats["groups_put"], stats["credits_granted"]) == (1, 2, 2)
     assert s.put(make_group("used")) == (0, True)  # a re-sent PUT after the restart
-    with pytest.raises(ValueError, match="repeats sample ids"):
-        s.restore(make_group("fresh"), seq=2)
+    # a log may hold a group twice: re-sent after the de-duplication window forgot it; the last one counts
+    s.restore(make_group("fresh"), seq=2)
+    assert s.put(make_group("fresh")) == (2, True) and s.stats()["groups"] == 2
 
 
 def test_put_groups_takes_several_groups_drops_duplicates_and_persists_only_new_rows():
