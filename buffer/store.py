@@ -146,7 +146,7 @@ class GroupStore:
         held = new if filtered is None else new - int(filtered.sum())
         self._check_room(held * n, held * size)
         self.duplicates += m - new
-        persisted = batch if new == m else rows_of(batch, index.tolist(), n)
+        persisted = rows_of(batch, index.tolist(), n) if 0 < new < m else batch  # nothing is persisted if new == 0
         seqs = self._accept(g, [batch] * new, offset, np.full(new, size), filtered, [(persist, persisted, new)])
         if results is None:
             return list(zip(seqs.tolist(), [False] * m))
@@ -154,7 +154,7 @@ class GroupStore:
         return [(next(fresh), False) if r is None else r for r in results]
 
     def put_messages(self, puts: list[tuple[pa.RecordBatch, Persist | None, int | None]]
-                 ) -> list[list[tuple[int, bool]] | Exception]:
+                     ) -> list[list[tuple[int, bool]] | Exception]:
         """:meth:`put_groups` for several PUTs ``(batch, persist, nbytes)``, in order, each answered on its
         own: its ``(seq, duplicate)`` list, or the exception it raised (ValueError, BufferFull; nothing of
         that PUT is accepted). The answers and the held groups are what one ``put_groups`` per PUT gives
