@@ -15,7 +15,8 @@ math_verify and threads. math_verify's own timeouts use ``signal.alarm`` (SIGALR
 a process's main thread: with them on, ``parse``/``verify`` called from any other thread raise
 ValueError. Rollout actors may score in a non-main thread, so every call here passes
 ``parse(..., parsing_timeout=None)`` and ``verify(..., timeout_seconds=None)``, which turns the
-signal machinery off. That alone leaves no bound on time: sympy does not return on some short
+signal machinery off (and :func:`_math_verify` marks math_verify's once-per-process "Timeout is
+disabled" warning as already shown: it says nothing new here). That alone leaves no bound on time: sympy does not return on some short
 answers (``\\boxed{9^{9^{9^{9}}}}`` ran for over a minute), and SIGALRM could not stop a long C-level
 big-integer power anyway. So by default (``timeout_s`` set) :class:`MathVerifier` checks in a child
 process of its own (started on first use, JSON lines over pipes, nothing pickled), which it kills
@@ -99,10 +100,24 @@ def half_vocab_fraction(completion_ids: list[int]) -> tuple[float, dict[str, flo
     return fraction, {"in_half": fraction}
 
 
+@functools.cache
+def _math_verify():
+    """math_verify's ``(parse, verify)``, its "Timeout is disabled ..." warning marked as shown.
+
+    Every call here turns math_verify's timeouts off on purpose (see the module docstring), so the
+    warning each process (actor, worker, evaluator) would log once is noise: its own flag
+    ``TIMEOUT_WARNING_SHOWN`` (in ``math_verify.parser`` and ``math_verify.grader``) is set once here.
+    """
+    import math_verify.grader
+    import math_verify.parser
+
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    return math_verify.parser.parse, math_verify.grader.verify
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(gold: str) -> list:
-    from math_verify import parse
-
+    parse, _ = _math_verify()
     return parse("\\boxed{" + gold + "}", parsing_timeout=None)
 
 
@@ -113,8 +128,7 @@ def check_answer(gold: str, answer: str | None) -> dict[str, bool]:
     object in the gold (an empty parse or only its raw-string fallback, e.g. ``""`` or ``"#"``); such a
     gold is never matched. Gold and answer are both parsed as the content of a ``\\boxed{}``.
     """
-    from math_verify import parse, verify
-
+    parse, verify = _math_verify()
     gold_parsed = _parse_gold(gold)
     if all(isinstance(g, str) for g in gold_parsed):
         return {"gold_ok": False, "correct": False}
@@ -135,8 +149,8 @@ def normalize_answer(answer: str | None) -> str | None:
     if answer is None:
         return None
     import sympy
-    from math_verify import parse
 
+    parse, _ = _math_verify()
     objects = [p for p in parse("\\boxed{" + answer + "}", parsing_timeout=None) if not isinstance(p, str)]
     if not objects:
         return "".join(answer.split())

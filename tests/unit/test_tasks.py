@@ -172,6 +172,24 @@ def test_hanging_answer_times_out_and_the_worker_restarts():
         verifier.close()
 
 
+def test_math_verify_timeout_warning_is_not_logged():
+    """math_verify logs "Timeout is disabled ..." once per process when its timeouts are off, as every call
+    of ours turns them off: neither the calling process nor the worker child may print it."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from rollout.rewards import MathVerifier, normalize_answer\n"
+            "for t in (None, 5.0):\n"
+            "    v = MathVerifier(timeout_s=t); print(v.score('\\\\boxed{1/2}', '0.5')[0]); v.close()\n"
+            "print(normalize_answer('0.5'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1.0", "1.0", "1/2"], proc.stdout
+    assert "Timeout is disabled" not in proc.stdout + proc.stderr
+
+
 def test_extract_answer():
     assert extract_answer("a \\boxed{\\frac{1}{2}} b \\boxed{x^{2}} c 7") == ("x^{2}", True)
     assert extract_answer("costs $1,234.50 and 7 more, total -3.5") == ("-3.5", False)
