@@ -328,7 +328,10 @@ class Learner:
             all_reduce_grads(self.params, self.world_size)
             max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm=max_norm))
-            self.optimizer.step()
+        # Without signal no gradient was computed: every .grad is None, which torch.optim skips (no moment,
+        # step-count or weight-decay update), so this step changes nothing. Stepping anyway keeps the optimizer
+        # before the per-version schedule on every version (else torch warns when the first one is skipped).
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         if self.baseline is not None:

@@ -75,6 +75,21 @@ def test_zero_advantage_batch_skips_the_step(tiny):
     assert all(v == v for v in stats.values() if isinstance(v, float))  # no NaN
 
 
+def test_skipped_first_version_changes_nothing_and_warns_nothing(tiny):
+    """A run whose first version has no signal: no torch "lr_scheduler.step() before optimizer.step()"
+    warning, no optimizer state, unchanged weights; the schedule still follows the version."""
+    import warnings
+
+    lrn = learner(tiny, learner="grpo", lr_warmup_steps=2)
+    before = [p.detach().clone() for p in lrn.params]
+    flat = pa.concat_tables([make_group(f"z{i}", rewards=[1.0] * 4, advantages=[0.0] * 4) for i in range(2)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert lrn.train_step(flat)["learner/skipped_step"] == 1.0
+    assert all(torch.equal(b, p) for b, p in zip(before, lrn.params)) and not lrn.optimizer.state
+    assert lrn.scheduler.last_epoch == 1 and lrn.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2)
+
+
 def test_zero_advantage_batch_with_kl_still_steps(tiny):
     lrn = learner(tiny, learner="grpo", kl_coef=0.5)
     lrn.train_step(batch())
