@@ -16,12 +16,12 @@ a process's main thread: with them on, ``parse``/``verify`` called from any othe
 ValueError. Rollout actors may score in a non-main thread, so every call here passes
 ``parse(..., parsing_timeout=None)`` and ``verify(..., timeout_seconds=None)``, which turns the
 signal machinery off (and :func:`_math_verify` marks math_verify's once-per-process "Timeout is
-disabled" warning as already shown: it says nothing new here). That alone leaves no bound on time: sympy does not return on some short
-answers (``\\boxed{9^{9^{9^{9}}}}`` ran for over a minute), and SIGALRM could not stop a long C-level
-big-integer power anyway. So by default (``timeout_s`` set) :class:`MathVerifier` checks in a child
-process of its own (started on first use, JSON lines over pipes, nothing pickled), which it kills
-and restarts when an answer takes longer than ``timeout_s``. With ``timeout_s=None`` it checks in the
-calling thread, unbounded.
+disabled" warning as already shown: it says nothing new here). That alone leaves no bound on time:
+sympy does not return on some short answers (``\\boxed{9^{9^{9^{9}}}}`` ran for over a minute), and
+SIGALRM could not stop a long C-level big-integer power anyway. So by default (``timeout_s`` set)
+:class:`MathVerifier` checks in a child process of its own (started on first use, JSON lines over
+pipes, nothing pickled), which it kills and restarts when an answer takes longer than ``timeout_s``.
+With ``timeout_s=None`` it checks in the calling thread, unbounded.
 """
 
 from __future__ import annotations

@@ -37,6 +37,21 @@ def cpu_engine_env(actor_index: int, cores: int | None = None) -> dict[str, str]
             "VLLM_CPU_OMP_THREADS_BIND": str(actor_index % cores)}
 
 
+def engine_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` the installed vLLM accepts that is >= ``rank``, from its
+    ``MaxLoRARanks`` (1, 8, 16, 32, 64, 128, 256, 320, 512 in vLLM 0.32): ``--lora_rank 48`` gets an
+    engine of ``max_lora_rank`` 64, which loads adapters of rank 48. Raises ValueError above the largest."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    accepted = sorted(get_args(MaxLoRARanks))
+    for value in accepted:
+        if value >= rank:
+            return value
+    raise ValueError(f"--lora_rank {rank}: vLLM loads LoRA adapters of rank at most {accepted[-1]}")
+
+
 def _repack_tied_lm_head(worker) -> bool:
     """Run on the vLLM worker: re-pack a tied lm_head's CPU GEMM weights from the (reloaded) embedding.
 
@@ -62,9 +77,10 @@ class VLLMEngine(Engine):
     Args:
         model: hub id or directory. tokenizer: optional other tokenizer.
         dtype: torch dtype name (``auto``: float32 on CPU, bfloat16 on GPU); max_lora_rank: largest
-        adapter rank it will load; max_model_len: prompt + completion limit in tokens; seed: sampling
-        seed of the engine; gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only);
-        merge_lora: load LoRA versions merged into the base weights (see the module docstring).
+        adapter rank it will load (raised to the next rank vLLM accepts: :func:`engine_lora_rank`);
+        max_model_len: prompt + completion limit in tokens; seed: sampling seed of the engine;
+        gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only); merge_lora: load LoRA
+        versions merged into the base weights (see the module docstring).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
@@ -78,7 +94,7 @@ class VLLMEngine(Engine):
             dtype = "bfloat16" if on_gpu else "float32"
         kwargs = dict(gpu_memory_utilization=gpu_memory_utilization) if on_gpu else dict(enforce_eager=True)
         if not merge_lora:
-            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
+            kwargs.update(enable_lora=True, max_lora_rank=engine_lora_rank(max_lora_rank), max_loras=2)
         self.llm = LLM(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        logprobs_mode="processed_logprobs", **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
