@@ -263,8 +263,7 @@ def run(cfg) -> EvalReport:
             from distrl.tiny import build_tiny_model
 
             model_dir = str(build_tiny_model(Path(tmp) / "model", seed=cfg.seed))
-        check_fits(model_dir, cfg.tokenizer, [task.prompt(p) for p in problems], cfg.max_new_tokens,
-                   cfg.max_model_len)
+        check_fits(model_dir, cfg.tokenizer, task, problems, cfg.max_new_tokens, cfg.max_model_len)
         lora_rank = 16
         if cfg.adapter is not None:
             version, fmt = adapter_format(cfg.adapter)
@@ -294,24 +293,23 @@ def run(cfg) -> EvalReport:
     return report
 
 
-def check_fits(model_dir: str, tokenizer: str | None, prompts: list[str], max_new_tokens: int,
+def check_fits(model_dir: str, tokenizer: str | None, task, problems: list, max_new_tokens: int,
                max_model_len: int | None) -> None:
-    """Exit with a message naming the flag, before any engine starts, when the tokenizer does not match
-    the model (more token ids than embeddings) or the longest prompt plus `max_new_tokens` exceeds the
-    model's context (`--max_model_len`, else the model's ``max_position_embeddings``)."""
+    """Before any engine starts: exit with a message naming the flag when the tokenizer does not match
+    the model (more token ids than embeddings); raise PreflightError (``--max_model_len``, how many) when
+    a prompt of `problems`, as templated (:func:`rollout.prompt_fit.prompt_ids`, chat template included),
+    plus `max_new_tokens` exceeds the context (`--max_model_len`, else the model's ``max_position_embeddings``)."""
     from transformers import AutoConfig, AutoTokenizer
+
+    from rollout.prompt_fit import measure, prompt_limit, refuse
 
     config = AutoConfig.from_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(tokenizer or model_dir)
     if len(tok) > config.vocab_size:
         raise SystemExit(f"distrl eval: error: the tokenizer{f' --tokenizer {tokenizer}' if tokenizer else ''} has "
                          f"{len(tok)} tokens but the model embeds only {config.vocab_size}: they do not match")
-    limit = max_model_len or getattr(config, "max_position_embeddings", None)
-    longest = max(len(tok(p)["input_ids"]) for p in prompts)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise SystemExit(f"distrl eval: error: the longest prompt ({longest} tokens) plus --max_new_tokens "
-                         f"{max_new_tokens} exceeds the context of {limit} tokens: pass a larger --max_model_len "
-                         f"(the model allows {config.max_position_embeddings}) or fewer --max_new_tokens")
+    limit = prompt_limit(max_model_len, max_new_tokens, getattr(config, "max_position_embeddings", None))
+    refuse(measure(task, problems, tok, limit, policy="error"), max_new_tokens, can_skip=False)
 
 
 def print_report(report: EvalReport, title: str = "distrl eval") -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 ENGINES = ("vllm", "hf")
 FORMATS = ("lora", "full")
@@ -43,16 +44,24 @@ class PromptResult:
     completions: list[Completion]
 
 
+def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """The token ids an engine generates from for `prompt`: a text is encoded with `tokenizer`'s default
+    special tokens (as vLLM and transformers encode a text prompt); a token id list is used as it is."""
+    return tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+
+
 class Engine(ABC):
     """Generates with the policy version it serves; ``version`` is 0 (the initial weights) at start.
 
     Attributes:
         tokenizer: the tokenizer prompts are encoded with (a transformers tokenizer).
         version: the policy version served.
+        max_model_len: prompt + completion limit in tokens (None: unknown).
     """
 
     tokenizer = None
     version: int = 0
+    max_model_len: int | None = None  # prompt + completion limit in tokens, when the engine knows it
     device = None  # torch.device the weights live on (the collective transport receives onto it)
 
     supports_inflight = False  # generate(..., between_steps=...) can switch versions mid-generation
@@ -63,8 +72,8 @@ class Engine(ABC):
         """Sample ``n`` completions for each prompt with the version served.
 
         Args:
-            prompts: P prompt strings, encoded with the engine's tokenizer (special tokens added as
-                the tokenizer does by default).
+            prompts: P prompts, each a string (encoded by :func:`encode_prompt`: special tokens added
+                as the tokenizer does by default) or the token id list to generate from.
             n: completions per prompt (a group).
             temperature: > 0 samples from ``softmax(logits / temperature)``; 0 is greedy (argmax), and
                 its logprobs are then those of ``softmax(logits)``.

@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from rollout.engines.base import Completion, Engine, PromptResult
+from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 from rollout.engines.hf_fast import StaticSampler, supports_static
 
 INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
@@ -132,7 +132,7 @@ class HFEngine(Engine):
             self.generator.manual_seed(seed)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        prompt_ids = self.tokenizer(list(prompts))["input_ids"]
+        prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [ids for ids in prompt_ids for _ in range(n)]
         tokens, logps, lengths, stopped = self._sample(rows, temperature, max_new_tokens)
         tokens, logps, lengths, stopped = tokens.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()

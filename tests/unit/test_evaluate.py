@@ -180,12 +180,16 @@ def test_vllm_cpu_calls_stay_under_the_token_budget(monkeypatch):
 
 
 def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_flag(tmp_path):
+    from distrl.errors import PreflightError
     from distrl.evaluate import check_fits
     from distrl.tiny import build_tiny_model
+    from rollout.tasks import ArithTask, Problem
 
     model = str(build_tiny_model(tmp_path / "tiny"))
-    check_fits(model, None, ["1+2=" * 10], max_new_tokens=8, max_model_len=48)  # 40 + 8 fits exactly
-    with pytest.raises(SystemExit, match=r"longest prompt \(40 tokens\) plus --max_new_tokens 9 exceeds .* 48"):
-        check_fits(model, None, ["1+2=" * 10], max_new_tokens=9, max_model_len=48)
+    task, problems = ArithTask(), [Problem("p", "1+2=" * 10, "30")]  # the prompt is the expression: 40 tokens
+    check_fits(model, None, task, problems, max_new_tokens=8, max_model_len=48)  # 40 + 8 fits exactly
+    with pytest.raises(PreflightError, match=r"--max_model_len: all 1 prompts are longer as templated \(up to 40 "
+                                             r"tokens\) than the 39 that --max_new_tokens 9 leaves under 48"):
+        check_fits(model, None, task, problems, max_new_tokens=9, max_model_len=48)
     with pytest.raises(SystemExit, match="--tokenizer .* has 151669 tokens but the model embeds only 50"):
-        check_fits(model, str(shared_data() / "tokenizers" / "qwen2.5"), ["1+2="], 8, None)
+        check_fits(model, str(shared_data() / "tokenizers" / "qwen2.5"), task, problems, 8, None)

@@ -1,0 +1,105 @@
+"""rollout.prompt_fit on real MATH-500 rows and the Qwen2.5 tokenizer: prompts measured as templated."""
+
+from __future__ import annotations
+
+import pytest
+
+from distrl.errors import PreflightError
+from rollout.prompt_fit import LongPrompts, check_prompt_lengths, measure, prompt_ids
+from rollout.tasks import load_task
+from tests.helpers import shared_data
+
+MATH500 = shared_data() / "math500" / "test.jsonl"
+QWEN = shared_data() / "tokenizers" / "qwen2.5"
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(QWEN))
+
+
+@pytest.fixture(scope="module")
+def qwen_tiny(tmp_path_factory) -> str:
+    """A tiny random Qwen2 with the Qwen2.5 tokenizer (only its config and tokenizer are read here)."""
+    from distrl.tiny import build_tiny_model
+
+    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", tokenizer=QWEN))
+
+
+@pytest.fixture(scope="module")
+def math500():
+    task = load_task("math500", str(MATH500))
+    return task, [task.to_problem(row, i) for i, row in enumerate(task.rows)]
+
+
+def test_the_eval_check_counts_the_templated_prompt(qwen, math500, qwen_tiny):
+    """On the row whose templated prompt is longest, a --max_model_len between its plain and its
+    templated length (+ --max_new_tokens) is refused: the plain prompt would have fit."""
+    from distrl.evaluate import check_fits
+
+    task, problems = math500
+    lengths = [len(prompt_ids(task, p, qwen)[1]) for p in problems]
+    row = max(range(len(problems)), key=lengths.__getitem__)
+    templated, plain = lengths[row], len(qwen(task.prompt(problems[row]))["input_ids"])  # 824, 810 tokens
+    assert plain < templated
+    model = qwen_tiny
+    between = (plain + templated) // 2 + 16
+    with pytest.raises(PreflightError, match=rf"--max_model_len: all 1 prompts .* \(up to {templated} tokens\)") as err:
+        check_fits(model, None, task, [problems[row]], max_new_tokens=16, max_model_len=between)
+    assert f"fix: raise --max_model_len to {templated + 16}" in str(err.value)
+    assert "--long_prompts" not in str(err.value)  # distrl eval has no such flag
+    check_fits(model, None, task, [problems[row]], max_new_tokens=16, max_model_len=templated + 16)
+
+
+def test_measure_counts_prompts_over_the_limit(qwen, math500):
+    task, problems = math500
+    lengths = [len(prompt_ids(task, p, qwen)[1]) for p in problems]
+    fit = measure(task, problems, qwen, 92)
+    assert (fit.total, fit.long, fit.longest) == (500, sum(n > 92 for n in lengths), max(lengths))
+    assert 0 < fit.long < 500
+    assert measure(task, problems, qwen, None).long == 0  # no limit known: nothing is long
+
+
+def test_policies_skip_truncate_error(qwen, math500):
+    task, problems = math500
+    long = next(p for p in problems if len(prompt_ids(task, p, qwen)[1]) > 92)
+    short = next(p for p in problems if len(prompt_ids(task, p, qwen)[1]) <= 92)
+    text, ids = prompt_ids(task, long, qwen)
+
+    skip = LongPrompts(task, qwen, 92, "skip")
+    assert skip.fit(long) is None and skip.fit(short) == prompt_ids(task, short, qwen)
+    kept = list(skip.stream(iter([long, short, long, short])))
+    assert [p for p, _, _ in kept] == [short, short] and skip.skipped == 3
+
+    cut = LongPrompts(task, qwen, 92, "truncate")
+    cut_text, cut_ids = cut.fit(long)
+    assert cut_ids == ids[-92:] and cut.truncated == 1  # the end: question's last part, assistant header
+    assert text.endswith(cut_text) and cut_text.endswith("<|im_start|>assistant\n")
+
+    with pytest.raises(PreflightError, match="--max_model_len"):
+        LongPrompts(task, qwen, 92, "error", max_new_tokens=8).fit(long)
+    with pytest.raises(PreflightError, match="100 prompts in a row"):
+        list(LongPrompts(task, qwen, 92, "skip").stream(iter([long] * 100), max_skips=100))
+
+
+def test_check_prompt_lengths_per_policy(qwen_tiny):
+    """Preflight: `error` names how many are long and both fixes; `skip` refuses only when none fits."""
+    from distrl.config import TrainConfig
+
+    def cfg(**kw):
+        return TrainConfig(model=qwen_tiny, dataset=str(MATH500), max_new_tokens=8, **kw)
+
+    fit = check_prompt_lengths(cfg(max_model_len=100))  # default skip
+    assert fit.total == 500 and 0 < fit.long < 500 and fit.longest == 824 and fit.limit == 92
+    with pytest.raises(PreflightError) as err:
+        check_prompt_lengths(cfg(max_model_len=100, long_prompts="error"))
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"--max_model_len: {fit.long} of the 500 prompts")
+    assert lines[1] == "  fix: raise --max_model_len to 832, or pass --long_prompts skip"
+    with pytest.raises(PreflightError, match="all 500 prompts"):
+        check_prompt_lengths(cfg(max_model_len=20))
+    with pytest.raises(PreflightError, match="--max_new_tokens: 8 leaves no room"):
+        check_prompt_lengths(cfg(max_model_len=8))
+    assert check_prompt_lengths(cfg(max_model_len=832, long_prompts="error")).long == 0
