@@ -15,7 +15,8 @@ import tyro
 
 from distrl.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
 from distrl.configfile import ConfigFileError, expand_config
-from distrl.faults import RoleStuck, as_interrupted, raise_on_signals
+from distrl.faults import RoleFailed, as_interrupted, raise_on_signals
+from distrl.logs import quiet_libraries
 
 # name -> (config class, "module:function" that takes the config)
 COMMANDS: dict[str, tuple[type, str]] = {
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.extras.subcommand_cli_from_dict(configs, args=argv, prog="distrl", use_underscores=True)
     name = next(n for n, (cls, _) in COMMANDS.items() if type(cfg) is cls)
     module, func = COMMANDS[name][1].split(":")
+    quiet_libraries()  # known harmless library warnings, before any command imports torch (distrl.logs)
     raise_on_signals()  # SIGINT/SIGTERM: each command cleans up, then we exit with 128 + the signal number
     if name == "buffer" and cfg.prefault_bytes:  # before pyarrow starts a thread (buffer.memory)
         from buffer.memory import single_arena
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         signum = as_interrupted(exc).signum
         print(f"distrl {name}: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum
-    except RoleStuck as exc:
+    except RoleFailed as exc:  # a role raised, died or is stuck: its error, shortened, and its log file
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -223,8 +223,9 @@ class _RunOptions:
     faster: two threads that wait for each other at every operation stall whenever one is descheduled."""
     console: bool = True
     """`distrl train`: a live view on stderr (policy version, reward, staleness, tokens/s, buffer fill),
-    refreshed twice a second from the buffer's STATS and the learners' TensorBoard events; off with
-    `--no_console`, and whenever stderr is not a terminal."""
+    refreshed twice a second from the buffer's STATS and the learners' TensorBoard events; role logs go to
+    `<run_dir>/logs/<role>.log` only. With `--no_console`, and whenever stderr is not a terminal, a plain
+    progress line instead, at most one per 10 s."""
     number_of_actors: Optional[int] = None
     """Rollout actors (each one generation engine); 0 is allowed with --learner_generates
     (unset: 1, or the first number of --gpu_split)."""

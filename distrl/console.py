@@ -1,18 +1,22 @@
-"""Live console view of `distrl train` on stderr (rich ``Live``), refreshed twice a second.
+"""What `distrl train` shows while it runs, on stderr: a live view (rich ``Live``) refreshed twice a
+second on a terminal, progress lines otherwise.
 
 Shows the learner's policy version and the buffer's fill (from the buffer's STATS reply, polled over
 the same ZMQ request socket every client uses: no new protocol), and the learner's mean reward,
 staleness and tokens/s (from its TensorBoard events under ``<run_dir>/tb/learner0``, read
 incrementally; they reach the disk within the learner's flush interval, about 10 s, so these lag the
-version shown). The actors' log lines still go to stderr, above the view.
+version shown). The roles log to ``<run_dir>/logs/<role>.log`` only (distrl.logs); while the view
+stands, the driver's own log lines reach stderr from WARNING up (printed above the view).
 
-On only when stderr is a terminal and ``--console`` is left on (``--no_console`` turns it off);
-otherwise :func:`start_console` returns None and nothing is drawn. The view is a convenience: an
-error while polling is shown in the view, never raised into the run.
+The live view is on when stderr is a terminal and ``--console`` is left on. With ``--no_console`` or
+when stderr is not a terminal (CI, pipes), the same poll prints one plain progress line when the
+version advanced and ``every_s`` seconds passed since the last line (and at the last version). Either
+is a convenience: an error while polling is shown in the view, never raised into the run.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -27,13 +31,18 @@ class LiveConsole:
         run_dir: the run directory (its ``tb/learner0`` events are read).
         max_steps: the run's ``--max_steps`` (shown as ``version v / max_steps``).
         max_rows: the buffer's ``--max_rows`` (fill = rows held / max_rows).
-        interval_s: seconds between redraws.
+        interval_s: seconds between redraws (polls).
+        live: the rich live view (True) or plain progress lines (False).
+        every_s: least seconds between two progress lines (plain lines only).
     """
 
     def __init__(self, buffer_address: str, run_dir: str | Path, max_steps: int, max_rows: int,
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5, live: bool = True, every_s: float = 10.0) -> None:
         self.buffer_address, self.run_dir = buffer_address, Path(run_dir)
         self.max_steps, self.max_rows, self.interval_s = max_steps, max_rows, interval_s
+        self.live, self.every_s = live, every_s
+        self._printed: tuple[int, float] = (-1, time.time())  # (version, unix time) of the last progress line
+        self._last_tb = 0.0
         self.start_time = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="distrl-console", daemon=True)
@@ -41,6 +50,10 @@ class LiveConsole:
         self._learner: dict[str, float] = {}
 
     def start(self) -> "LiveConsole":
+        if self.live:  # the view stands alone: the driver's INFO lines go to its log file only
+            from distrl.logs import set_stderr_level
+
+            set_stderr_level(logging.WARNING)
         self._thread.start()
         return self
 
@@ -49,6 +62,10 @@ class LiveConsole:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self.live:
+            from distrl.logs import set_stderr_level
+
+            set_stderr_level(logging.NOTSET)
 
     def _learner_scalars(self) -> dict[str, float]:
         """Newest value of each learner scalar (EventAccumulator reads only the new events each call)."""
@@ -83,6 +100,40 @@ class LiveConsole:
             table.caption = error
         return table
 
+    def line(self, stats: dict, learner: dict[str, float]) -> str:
+        """One plain progress line (`stats`: the buffer's STATS reply)."""
+        def fmt(tag: str, spec: str) -> str:
+            return format(learner[tag], spec) if tag in learner else "-"
+
+        return (f"distrl: version {stats['learner_version']}/{self.max_steps}  reward {fmt('learner/reward_mean', '.3f')}"
+                f"  staleness {fmt('learner/staleness_mean', '.2f')}/{fmt('learner/staleness_max', '.0f')}"
+                f"  buffer rows {stats['rows']}  groups put {stats['groups_put']}"
+                f"  [{time.time() - self.start_time:.0f} s]")
+
+    def _progress(self, stats: dict | None) -> None:
+        """Print a progress line if the version advanced and every_s passed (or it is the last version)."""
+        version, at = self._printed
+        if stats is None or stats["learner_version"] == version:
+            return
+        if time.time() - at >= self.every_s or stats["learner_version"] >= self.max_steps:
+            print(self.line(stats, self._learner), file=sys.stderr, flush=True)
+            self._printed = (stats["learner_version"], time.time())
+
+    def _poll(self, client) -> tuple[dict | None, str | None]:
+        """(the buffer's STATS or None, an error text or None); the learner's events re-read every 2 s."""
+        stats, error = None, None
+        try:
+            stats = client.stats()
+        except Exception as exc:  # noqa: BLE001 - a view never ends the run
+            error = f"buffer STATS: {type(exc).__name__}: {exc}"
+        if time.time() - self._last_tb > 2.0:
+            self._last_tb = time.time()
+            try:
+                self._learner_scalars()
+            except Exception as exc:  # noqa: BLE001
+                error = f"learner events: {type(exc).__name__}: {exc}"
+        return stats, error
+
     def _loop(self) -> None:
         from rich.console import Console
         from rich.live import Live
@@ -90,29 +141,24 @@ class LiveConsole:
         from buffer.client import BufferClient
 
         client = BufferClient(self.buffer_address, "console", timeout_s=2.0, retries=0)
-        last_tb = 0.0
-        with Live(self.render(None, {}), console=Console(file=sys.stderr), refresh_per_second=4,
-                  transient=False) as live:
-            while not self._stop.is_set():
-                stats, error = None, None
-                try:
-                    stats = client.stats()
-                except Exception as exc:  # noqa: BLE001 - a view never ends the run
-                    error = f"buffer STATS: {type(exc).__name__}: {exc}"
-                if time.time() - last_tb > 2.0:
-                    last_tb = time.time()
-                    try:
-                        self._learner_scalars()
-                    except Exception as exc:  # noqa: BLE001
-                        error = f"learner events: {type(exc).__name__}: {exc}"
-                live.update(self.render(stats, self._learner, error))
-                self._stop.wait(self.interval_s)
-        client.close()
+        try:
+            if not self.live:
+                while not self._stop.wait(self.interval_s):
+                    self._progress(self._poll(client)[0])
+                return
+            with Live(self.render(None, {}), console=Console(file=sys.stderr), refresh_per_second=4,
+                      transient=False) as live:
+                while not self._stop.is_set():
+                    stats, error = self._poll(client)
+                    live.update(self.render(stats, self._learner, error))
+                    self._stop.wait(self.interval_s)
+        finally:
+            client.close()
 
 
 def start_console(enabled: bool, buffer_address: str, run_dir: str | Path, max_steps: int,
-                  max_rows: int) -> LiveConsole | None:
-    """A started :class:`LiveConsole` when `enabled` (``--console``) and stderr is a terminal, else None."""
-    if not enabled or not sys.stderr.isatty():
-        return None
-    return LiveConsole(buffer_address, run_dir, max_steps, max_rows).start()
+                  max_rows: int) -> LiveConsole:
+    """A started :class:`LiveConsole`: the live view when `enabled` (``--console``) and stderr is a
+    terminal, else plain progress lines."""
+    live = enabled and sys.stderr.isatty()
+    return LiveConsole(buffer_address, run_dir, max_steps, max_rows, live=live).start()

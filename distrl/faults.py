@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -49,7 +50,12 @@ def as_interrupted(exc: KeyboardInterrupt) -> Interrupted:
     return exc if isinstance(exc, Interrupted) else Interrupted(_RECEIVED[0] if _RECEIVED else signal.SIGINT)
 
 
-class RoleStuck(RuntimeError):
+class RoleFailed(RuntimeError):
+    """A role of `distrl train` raised or died, which ends the run; the message names the role, gives its
+    error and the last lines of its traceback, and its log file (:func:`role_failed`)."""
+
+
+class RoleStuck(RoleFailed):
     """A learner or the buffer made no progress for --heartbeat_timeout_s; the message names it."""
 
 
@@ -193,7 +199,8 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
     from buffer.client import BufferClient
 
     interrupted = reason.signum if isinstance(reason, Interrupted) else None
-    log.error("run ends early: %s", f"interrupted by {reason}" if interrupted else f"{type(reason).__name__}: {reason}")
+    said = f"interrupted by {reason}" if interrupted else f"{type(reason).__name__}: {reason}".splitlines()[0]
+    log.error("run ends early: %s", said)
     buffer_stats = None
     if buffer_address is not None:
         try:
@@ -209,5 +216,55 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
                "last_selected_version": None if buffer_stats is None else buffer_stats.get("learner_version"),
                "resume": f"distrl train --resume {run_dir} --max_steps N"}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\ndistrl: run ended early ({'interrupted by ' + str(reason) if interrupted else summary['error']})"
+    print(f"\ndistrl: run ended early ({said})"
           f"\n  run directory: {run_dir}\n  continue it:   {summary['resume']}", flush=True)
+
+
+# ---- a role's error, as the driver shows it ------------------------------------------------------
+
+ROLE_ERROR_FRAMES = 2  # innermost traceback frames shown on the terminal (the role's log holds them all)
+ROLE_ERROR_LINES = 6  # lines of the exception's own message shown (a pydantic error can have hundreds)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def role_failed(exc: BaseException, handles: dict, run_dir: Path) -> BaseException:
+    """``exc`` as :class:`RoleFailed` when it is a role's error that Ray gave back, else ``exc`` itself.
+
+    ``handles``: role name -> Ray actor handle (None: not created). The role is found by the actor id
+    in the error; its full error text is appended to ``<run_dir>/logs/<role>.log`` (Ray keeps it out
+    of the role's own output), and the message reads::
+
+        actor0 failed: KeyError: 'no such field'
+          File ".../user_rewards.py", line 21, in raises
+            raise KeyError("no such field")
+          see <run_dir>/logs/actor0.log
+    """
+    from ray.exceptions import RayActorError, RayTaskError
+
+    if not isinstance(exc, (RayTaskError, RayActorError)):
+        return exc
+    text = _ANSI.sub("", str(exc))
+    found = getattr(exc, "actor_id", None) or next(iter(re.findall(r"actor_id=([0-9a-f]+)", text)), None)
+    name = next((n for n, h in handles.items() if h is not None and h._actor_id.hex() == found), None)
+    log_file = Path(run_dir) / "logs" / f"{name or 'driver'}.log"
+    with log_file.open("a") as out:
+        out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} distrl.faults ERROR {name or 'a role'} failed "
+                  f"(its error, as Ray gave it to the driver):\n{text.rstrip()}\n")
+    return RoleFailed(f"{name or 'a role'} failed: " + "\n  ".join([*_short_error(text), f"see {log_file}"]))
+
+
+def _short_error(text: str) -> list[str]:
+    """A Python traceback (as Ray formats it) cut to: the exception's first line, the innermost
+    ROLE_ERROR_FRAMES frames, then up to ROLE_ERROR_LINES more lines of the exception's message."""
+    lines = [line.rstrip() for line in text.strip().splitlines()
+             if line.strip() and set(line.strip()) - set("^~")]  # no caret-underline lines
+    frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    end = frames[-1] + 1 if frames else 0
+    while end < len(lines) and lines[end].startswith("    "):  # the last frame's source lines
+        end += 1
+    message = lines[end:] or ["(no message)"]
+    shown = lines[frames[-min(len(frames), ROLE_ERROR_FRAMES)]:end] if frames else []
+    more = message[1:ROLE_ERROR_LINES + 1]
+    if len(message) > ROLE_ERROR_LINES + 1:
+        more.append(f"... ({len(message) - ROLE_ERROR_LINES - 1} more lines in the log)")
+    return [message[0], *shown, *more]

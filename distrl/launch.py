@@ -13,7 +13,8 @@ from pathlib import Path
 
 from distrl.config import LearnConfig, RolloutConfig, TrainConfig
 from distrl.faults import read_role_file, write_role_file
-from distrl.trainer import set_torch_threads, setup_logging
+from distrl.logs import setup_logging
+from distrl.trainer import set_torch_threads
 
 log = logging.getLogger("distrl.launch")
 

@@ -21,26 +21,18 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
 from distrl.config import TrainConfig, buffer_options
 from distrl.console import start_console
-from distrl.faults import as_interrupted, end_early, raise_on_signals, watch_roles, write_role_file
+from distrl.faults import as_interrupted, end_early, raise_on_signals, role_failed, watch_roles, write_role_file
+from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, setup_logging
 from distrl.placement import reserve
 from distrl.report import write_report
 
 log = logging.getLogger("distrl.trainer")
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
-
-
-def setup_logging(log_file: Path | None = None) -> None:
-    """INFO to stderr (Ray forwards it to the driver) and, if given, to a per-role log file."""
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, handlers=handlers, force=True)
 
 
 def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
@@ -95,7 +87,7 @@ def _roles():
             from buffer.server import BufferServer
 
             write_role_file(run_dir, "buffer0")
-            setup_logging(Path(run_dir) / "logs" / "buffer0.log")
+            role_logging(Path(run_dir) / "logs" / "buffer0.log")
             self.server = BufferServer(f"tcp://{cfg.host}:0", run_dir, batch_size=cfg.batch_size,
                                        max_staleness=cfg.max_staleness, topk=cfg.k, group_size=cfg.group_size,
                                        tb_dir=str(Path(run_dir) / "tb" / "buffer0"), resume=bool(cfg.resume),
@@ -116,7 +108,7 @@ def _roles():
         def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
                      dist_address: str):
             write_role_file(run_dir, f"learner{rank}")
-            setup_logging(Path(run_dir) / "logs" / f"learner{rank}.log")
+            role_logging(Path(run_dir) / "logs" / f"learner{rank}.log")
             set_torch_threads(cfg.torch_threads)
             if cfg.number_of_learners > 1:
                 import torch.distributed as dist
@@ -162,7 +154,7 @@ def _roles():
     class RolloutRole:
         def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
             write_role_file(run_dir, f"actor{actor_id}")
-            setup_logging(Path(run_dir) / "logs" / f"actor{actor_id}.log")
+            role_logging(Path(run_dir) / "logs" / f"actor{actor_id}.log")
             set_torch_threads(cfg.torch_threads)
             rejoin = ray.get_runtime_context().was_current_actor_reconstructed  # restarted by Ray
             if rejoin:
@@ -233,17 +225,23 @@ def _connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():  # e.g. a test or a notebook that called ray.init(num_gpus=...) itself
         return False
+    # roles log to <run_dir>/logs/<role>.log only (distrl.logs); a role's error reaches the driver as its
+    # exception (RoleFailed), so Ray forwards no output and prints no "Unhandled error" dumps at exit
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
     if cfg.ray_address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(include_dashboard=False, object_store_memory=256 * 2**20, **quiet)
     else:
-        ray.init(address=cfg.ray_address, runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(address=cfg.ray_address, **quiet)
+    ray_errors_to_log()
     return True
 
 
 def train(cfg: TrainConfig) -> dict:
     """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
+    quiet_libraries()  # before the imports below load torch (and torchao)
     import ray
 
     from buffer.client import BufferClient
@@ -257,6 +255,7 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
+    _print_start(run_dir)
     if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
         from learn.sft import warm_start_run
 
@@ -302,9 +301,11 @@ def train(cfg: TrainConfig) -> dict:
         client.close()
         buffer_stats = ray.get(buffer_ref, timeout=60)
     except (Exception, KeyboardInterrupt) as exc:  # a signal, a stuck or a failed role: flush the buffer, say why
-        reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else exc
+        handles = {"buffer0": buffer, **{f"learner{r}": h for r, h in enumerate(learners)},
+                   **{f"actor{i}": h for i, h in enumerate(actors)}}
+        reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, handles, run_dir)
         end_early(reason, run_dir, start, buffer_address, buffer_ref)
-        if reason is not exc:  # Ray's blocking calls turn Interrupted into a plain KeyboardInterrupt
+        if reason is not exc:  # the signal Ray turned into a plain KeyboardInterrupt, or a role's RoleFailed
             raise reason from None
         raise
     finally:
@@ -336,6 +337,12 @@ def _checkpoint_version(run_dir: Path) -> int:
     rolls back selections made after it (learn.checkpoint writes `state.json` last, then renames)."""
     states = sorted((run_dir / "ckpt").glob("v[0-9]*/state.json"))
     return json.loads(states[-1].read_text())["version"] if states else 0
+
+
+def _print_start(run_dir: Path) -> None:
+    """The driver's start-up lines on stderr: where the run and its logs are (roles print nothing)."""
+    print(f"distrl train: run directory {run_dir}\n  role logs:   {run_dir}/logs/<role>.log (driver, buffer0, "
+          f"learner0, actor0, ...)\n  TensorBoard: tensorboard --logdir {run_dir}/tb", file=sys.stderr, flush=True)
 
 
 def _print_summary(s: dict) -> None:

@@ -28,7 +28,15 @@ def test_render_shows_version_reward_staleness_and_fill(tmp_path):
     assert "-" in text_of(view.render(None, {}, error="buffer STATS: TimeoutError"))
 
 
-def test_off_without_a_terminal_or_with_no_console(tmp_path):
-    # pytest captures stderr, so it is not a terminal here: no view either way
-    assert start_console(True, "tcp://127.0.0.1:1", tmp_path, 10, 1000) is None
-    assert start_console(False, "tcp://127.0.0.1:1", tmp_path, 10, 1000) is None
+def test_progress_lines_without_a_terminal_or_with_no_console(tmp_path, capsys):
+    # pytest captures stderr, so it is not a terminal here: plain progress lines either way
+    for enabled in (True, False):
+        view = start_console(enabled, "tcp://127.0.0.1:1", tmp_path, 10, 1000)
+        view.stop()
+        assert not view.live
+    view = LiveConsole("tcp://127.0.0.1:1", tmp_path, max_steps=10, max_rows=1000, live=False, every_s=3600)
+    view._progress({"learner_version": 3, "rows": 50, "groups_put": 12})  # every_s not passed: no line
+    view._progress({"learner_version": 10, "rows": 50, "groups_put": 40})  # the last version: a line
+    view._progress({"learner_version": 10, "rows": 50, "groups_put": 40})  # same version: none
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "version 10/10" in lines[0] and "groups put 40" in lines[0], lines
