@@ -25,6 +25,7 @@ from distrl.config import TrainConfig
 from distrl.metrics import Metrics
 from distrl.weights import WeightError, WeightSubscriber, make_fetcher
 from distrl.wire import table_from_rows
+from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
 
 log = logging.getLogger("distrl.actor")
@@ -67,17 +68,22 @@ class RolloutActor:
         if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
             self.reward = UserReward(cfg.reward, cfg.reward_timeout_s)
             self.reward.check(next(self.task.problems(seed=0)))
-        self.problems = self.task.problems(seed=cfg.seed * 1000 + actor_id)
-        self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
-        if cfg.resume:
-            self._skip_used_problems(Path(cfg.resume))
-        elif rejoin:  # restarted after a crash: fresh seeds, none of an acknowledged group reused
-            self._rejoin(Path(work_dir))
         if engine is None:  # else a given engine (rollout.colocated shares the learner's model)
             engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
                                  seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
         self.engine = engine
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
+        self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=cfg.long_prompts,
+                                        limit=prompt_limit(cfg.max_model_len, cfg.max_new_tokens, engine.max_model_len),
+                                        max_new_tokens=cfg.max_new_tokens)
+        # (problem, prompt text, prompt ids) of the prompts that fit (--long_prompts: long ones skipped or cut)
+        self.problems = self.long_prompts.stream(self.task.problems(seed=cfg.seed * 1000 + actor_id))
+        self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
+        if cfg.resume:
+            self._skip_used_problems(Path(cfg.resume))
+        elif rejoin:  # restarted after a crash: fresh seeds, none of an acknowledged group reused
+            self._rejoin(Path(work_dir))
+        self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
         self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
         self._connect_weights(endpoints, work_dir)
@@ -193,7 +199,7 @@ class RolloutActor:
         self.engine.load_weights(ann.version, ann.format, self.fetcher.fetch(ann))
         return ann
 
-    def _generate(self, prompts: list[str], seed: int) -> tuple[list, int]:
+    def _generate(self, prompts: list[list[int]], seed: int) -> tuple[list, int]:
         """Generate with the served version; with --inflight_update, switch versions mid-call.
 
         `finish`: a newer version is loaded between decode steps and the running completions go on
@@ -238,14 +244,13 @@ class RolloutActor:
 
     def step(self, granted: int) -> dict:
         """Generate, score and PUT `granted` groups with the served version; return step metrics."""
-        problems = [next(self.problems) for _ in range(granted)]
+        problems, prompts, prompt_ids = zip(*(next(self.problems) for _ in range(granted)))
         # Prompt i of this call samples with seeds seed + i * group_size + j (vLLM's n > 1 uses seed + j),
         # so no two completions of a run share a seed.
         seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.cfg.group_size
         self.position += granted
-        prompts = [self.task.prompt(p, self.engine.tokenizer) for p in problems]
         t0, c0 = time.time(), time.perf_counter()
-        results, start_version = self._generate(prompts, seed)
+        results, start_version = self._generate(list(prompt_ids), seed)
         gen_s = time.perf_counter() - c0
         groups = [self._make_group(problem, prompt, result, t0, gen_s, start_version)
                   for problem, prompt, result in zip(problems, prompts, results)]
@@ -260,7 +265,9 @@ class RolloutActor:
         return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
                 "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
-                "actor/inflight_versions": self.version - start_version}
+                "actor/inflight_versions": self.version - start_version,
+                "rollout/long_prompts_skipped": self.long_prompts.skipped,
+                "rollout/long_prompts_truncated": self.long_prompts.truncated}
 
     def run(self) -> dict:
         groups, idle_s, start = 0, 0.0, time.perf_counter()
@@ -291,7 +298,8 @@ class RolloutActor:
             self.metrics.scalars(stats, step=self.version)
         self.metrics.close()
         log.info("%s: stopped after %d groups, last policy version %d", self.name, groups, self.version)
-        return {"actor_id": self.actor_id, "groups": groups, "last_version": self.version}
+        return {"actor_id": self.actor_id, "groups": groups, "last_version": self.version,
+                "long_prompts_skipped": self.long_prompts.skipped, "long_prompts_truncated": self.long_prompts.truncated}
 
     def close(self) -> None:
         self.client.close()

@@ -25,7 +25,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from rollout.engines.base import Completion, Engine, PromptResult
+from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 
 CPU_CALL_TOKENS = 3072  # prompt tokens x samples per llm.generate call on CPU (see VLLMEngine._calls)
 
@@ -98,6 +98,7 @@ class VLLMEngine(Engine):
         self.llm = LLM(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        logprobs_mode="processed_logprobs", **kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = self.llm.model_config.max_model_len
         self.model, self.merge_lora, self._on_gpu = model, merge_lora, on_gpu
         self.device = torch.device("cuda" if on_gpu else "cpu")
         self.version = 0
@@ -162,7 +163,7 @@ class VLLMEngine(Engine):
 
         # vLLM refuses greedy sampling with n > 1: send each prompt n times with n = 1 instead.
         copies = n if temperature == 0 else 1
-        requests = [p for p in prompts for _ in range(copies)]
+        requests = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts for _ in range(copies)]
         params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
                                  max_tokens=max_new_tokens, logprobs=0,
                                  seed=None if seed is None else seed + (i // copies) * n + i % copies)
@@ -192,7 +193,9 @@ class VLLMEngine(Engine):
             return [(0, len(requests))]
         ranges, start, used = [], 0, 0
         for i in range(0, len(requests), copies):
-            cost = len(self.tokenizer(requests[i])["input_ids"]) * n * copies
+            request = requests[i]
+            ids = request["prompt_token_ids"] if isinstance(request, dict) else encode_prompt(self.tokenizer, request)
+            cost = len(ids) * n * copies
             if i > start and used + cost > CPU_CALL_TOKENS:
                 ranges.append((start, i))
                 start, used = i, 0

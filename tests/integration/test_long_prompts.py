@@ -1,0 +1,93 @@
+"""--long_prompts through `distrl train`: MATH-500 with the Qwen2.5 tokenizer and a --max_model_len that
+many templated prompts exceed (100 - 8 new tokens leaves 92 prompt tokens; about 40 % of MATH-500's
+prompts are longer as templated)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from buffer.segments import read_segments
+from rollout.prompt_fit import prompt_ids
+from rollout.tasks import load_task
+from tests.helpers import shared_data
+from tests.integration.test_train import ENV, ROOT, distrl, qwen_tiny, run, scalars  # noqa: F401 (fixture)
+
+MATH500 = shared_data() / "math500" / "test.jsonl"
+LIMIT = 92  # --max_model_len 100 - --max_new_tokens 8
+
+
+def flags(model, policy: str, name: str) -> list[str]:
+    return distrl("--model", str(model), "--dataset", str(MATH500), "--engine", "hf", "--backend", "hf",
+                  "--max_steps", "2", "--batch_size", "4", "--group_size", "2", "--max_new_tokens", "8",
+                  "--max_model_len", "100", "--torch_threads", "1", "--no_console", "--long_prompts", policy,
+                  "--run_name", name)
+
+
+def long_prompts_met(model, actor_id: int, groups: int) -> tuple[int, set[str], set[str]]:
+    """Walk actor `actor_id`'s prompt stream (seed 0) as far as its `groups` fitting prompts:
+    (long prompts met on the way, prompt ids of the fitting ones, prompt ids of the long ones)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    task = load_task(None, str(MATH500))
+    fitting, long, met = set(), set(), 0
+    stream = task.problems(seed=actor_id)  # the actor's seed: --seed 0 * 1000 + actor_id
+    while groups:
+        problem = next(stream)
+        if len(prompt_ids(task, problem, tokenizer)[1]) > LIMIT:
+            met += 1
+            long.add(problem.prompt_id)
+        else:
+            fitting.add(problem.prompt_id)
+            groups -= 1
+    return met, fitting, long
+
+
+def test_long_prompts_are_skipped_and_counted(qwen_tiny, tmp_path):
+    run(flags(qwen_tiny, "skip", "skip"), tmp_path)
+    run_dir = tmp_path / "skip"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] == 2
+    actor = summary["actors"][0]
+    met, fitting, long = long_prompts_met(qwen_tiny, 0, actor["groups"])
+    assert met > 0 and actor["long_prompts_skipped"] == met == summary["long_prompts_skipped"]
+    rows = read_segments(run_dir).to_pylist()
+    assert rows and all(len(r["prompt_ids"]) <= LIMIT for r in rows)
+    assert {r["prompt_id"] for r in rows} <= fitting and not {r["prompt_id"] for r in rows} & long
+    counted = scalars(run_dir, "actor0", "rollout/long_prompts_skipped")  # stepped by policy version
+    assert max(counted.values()) == met
+
+
+def test_long_prompts_error_refuses_before_anything_starts(qwen_tiny, tmp_path):
+    proc = subprocess.run(flags(qwen_tiny, "error", "refused") + ["--log_dir", str(tmp_path)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = proc.stderr.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("distrl train: error: "))
+    assert lines[at].startswith("distrl train: error: --max_model_len: ") and "of the 500 prompts" in lines[at]
+    assert lines[at + 1] == "  fix: raise --max_model_len to 832, or pass --long_prompts skip"
+    assert not (tmp_path / "refused").exists()
+
+
+@pytest.mark.parametrize("kind", ["vllm", "hf"])
+def test_engines_generate_from_token_ids_as_from_the_text(kind, tmp_path, monkeypatch):
+    """The actor hands engines the prompt's token ids (so a truncated prompt is exactly its kept ids):
+    the same ids and the same seeded completions as the text they encode."""
+    from distrl.tiny import build_tiny_model
+    from rollout.engines import make_engine
+    from rollout.engines.base import encode_prompt
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process vLLM-CPU
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(kind, str(build_tiny_model(tmp_path / "tiny")), max_model_len=64)
+    prompts = ["1+2=", "12*3="]
+    ids = [encode_prompt(engine.tokenizer, p) for p in prompts]
+    from_text, from_ids = (engine.generate(p, 2, 1.0, 6, seed=5) for p in (prompts, ids))
+    assert [r.prompt_ids for r in from_text] == ids == [r.prompt_ids for r in from_ids]
+    assert [[c.token_ids for c in r.completions] for r in from_text] == \
+        [[c.token_ids for c in r.completions] for r in from_ids]
+    assert engine.max_model_len == 64
+    engine.close()
