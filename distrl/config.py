@@ -336,6 +336,12 @@ class _RunOptions:
     """Longest completion in tokens; longer ones stop with finish_reason `length`."""
     max_model_len: Optional[int] = None
     """Longest prompt + completion the engine accepts, in tokens (unset: the model's own limit)."""
+    long_prompts: Literal["skip", "truncate", "error"] = "skip"
+    """Prompts longer, as templated (chat template included), than --max_model_len minus --max_new_tokens
+    tokens: `skip` never generates for them and counts them (TensorBoard `rollout/long_prompts_skipped`,
+    summary `long_prompts_skipped`); `truncate` keeps their last tokens (the question's end and the
+    assistant header the model answers after); `error` refuses the run at start, naming how many
+    (rollout/prompt_fit.py)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights dtype for engine and learner (`auto`: float32 on CPU, bfloat16 on GPU)."""
     seed: int = 0
@@ -582,6 +588,7 @@ class TrainConfig(StorageOptions, SelectionOptions, _RunOptions):
             if template_is_file(self.prompt_template):
                 self.prompt_template = str(Path(self.prompt_template).expanduser().resolve())
         for name, allowed in (("chat_template", ("auto", "on", "off")), ("truncation", ("keep", "zero", "mask")),
+                              ("long_prompts", ("skip", "truncate", "error")),
                               ("export_final", ("merged", "adapter", "off"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")

@@ -325,6 +325,7 @@ def train(cfg: TrainConfig) -> dict:
                "train_wall_s": time.time() - start,
                "gpu_ids": gpu_ids, "learner_generated": [r.get("generated") for r in learner_results],
                "actors": actor_results, "buffer": buffer_stats,
+               "long_prompts_skipped": sum(a.get("long_prompts_skipped", 0) for a in actor_results),
                "reward_by_version": [h["learner/reward_mean"] for h in learner_results[0]["history"]]}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
@@ -357,6 +358,8 @@ def _print_summary(s: dict) -> None:
             print(f"  {g['name']} (--learner_generates): {g['groups']} groups in {g['generate_s']:.1f}s")
     if any(s.get("gpu_ids", {}).values()):
         print(f"  GPU ids: {s['gpu_ids']}")
+    if s.get("long_prompts_skipped"):
+        print(f"  prompts skipped as too long for --max_model_len: {s['long_prompts_skipped']}")
     if rewards:
         print(f"  reward: first version {rewards[0]:.3f}, last version {rewards[-1]:.3f}")
     print(f"  run directory: {s['run_dir']}")
