@@ -57,13 +57,8 @@ class RolloutActor:
         self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, arith_ops=cfg.arith_ops,
                               arith_max_operand=cfg.arith_max_operand)
         self.task.set_prompt(cfg.prompt_template, cfg.chat_template)
-        self.evaluator = None  # actor 0 with --eval_every: rollout.evaluation.PeriodicEval
-        if cfg.eval_every:  # every actor leaves the held-out problems out of its stream (before taking any)
-            heldout = self.task.heldout(cfg.eval_size, cfg.seed)
-            if actor_id == 0:
-                from rollout.evaluation import PeriodicEval
-
-                self.evaluator = PeriodicEval(cfg, self.task, heldout, Path(work_dir) / "eval.jsonl")
+        # every actor leaves the held-out problems of --eval_every out of its stream (before taking any)
+        heldout = self.task.heldout(cfg.eval_size, cfg.seed) if cfg.eval_every else []
         self.reward = self.task.reward  # (completion_text, completion_ids, problem) -> (reward, components)
         if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
             self.reward = UserReward(cfg.reward, cfg.reward_timeout_s)
@@ -84,6 +79,7 @@ class RolloutActor:
         elif rejoin:  # restarted after a crash: fresh seeds, none of an acknowledged group reused
             self._rejoin(Path(work_dir))
         self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
+        self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
         self._connect_weights(endpoints, work_dir)
@@ -94,6 +90,18 @@ class RolloutActor:
         self.weight_wait_s = 0.0  # time blocked waiting for a new enough policy version
         self.tokens = 0  # completion tokens generated
         self._samples_version = -1  # last policy version whose samples were logged (actor 0)
+
+    def _periodic_eval(self, heldout: list, work_dir: str):
+        """Actor 0 with --eval_every: a rollout.evaluation.PeriodicEval of the held-out problems whose
+        prompts fit whole (a long one would stop the engine; it is left out, not cut); None if none fits."""
+        from rollout.evaluation import PeriodicEval
+
+        kept = [p for p in heldout if self.long_prompts.fits(p)]
+        if len(kept) < len(heldout):
+            log.warning("%s: %d of the %d held-out problems are longer as templated than the %s prompt tokens "
+                        "--max_model_len leaves: evaluated without them", self.name, len(heldout) - len(kept),
+                        len(heldout), self.long_prompts.limit)
+        return PeriodicEval(self.cfg, self.task, kept, Path(work_dir) / "eval.jsonl") if kept else None
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Subscribe to the learner's announcements and set up the weight fetcher of --weights_transport."""

@@ -76,6 +76,10 @@ class LongPrompts:
         self.max_new_tokens = max_new_tokens
         self.skipped = self.truncated = 0
 
+    def fits(self, problem) -> bool:
+        """Whether `problem`'s prompt fits whole (not counted)."""
+        return self.limit is None or len(prompt_ids(self.task, problem, self.tokenizer)[1]) <= self.limit
+
     def fit(self, problem) -> tuple[str, list[int]] | None:
         """``(text, ids)`` to generate from for `problem`, truncated to the last `limit` ids under
         ``truncate``; None when it is long under ``skip`` (counted).

@@ -17,22 +17,25 @@ from tests.integration.test_train import ENV, ROOT, distrl, qwen_tiny, run, scal
 
 MATH500 = shared_data() / "math500" / "test.jsonl"
 LIMIT = 92  # --max_model_len 100 - --max_new_tokens 8
+EVAL_SIZE = 8  # held-out problems of --eval_every (seed 0): some are long
 
 
 def flags(model, policy: str, name: str) -> list[str]:
     return distrl("--model", str(model), "--dataset", str(MATH500), "--engine", "hf", "--backend", "hf",
                   "--max_steps", "2", "--batch_size", "4", "--group_size", "2", "--max_new_tokens", "8",
                   "--max_model_len", "100", "--torch_threads", "1", "--no_console", "--long_prompts", policy,
-                  "--run_name", name)
+                  "--eval_every", "2", "--eval_size", str(EVAL_SIZE), "--run_name", name)
 
 
-def long_prompts_met(model, actor_id: int, groups: int) -> tuple[int, set[str], set[str]]:
+def long_prompts_met(model, actor_id: int, groups: int) -> tuple[int, set[str], set[str], int]:
     """Walk actor `actor_id`'s prompt stream (seed 0) as far as its `groups` fitting prompts:
-    (long prompts met on the way, prompt ids of the fitting ones, prompt ids of the long ones)."""
+    (long prompts met on the way, prompt ids of the fitting ones, prompt ids of the long ones, long
+    held-out problems)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     task = load_task(None, str(MATH500))
+    heldout = task.heldout(EVAL_SIZE, 0)  # left out of every actor's stream
     fitting, long, met = set(), set(), 0
     stream = task.problems(seed=actor_id)  # the actor's seed: --seed 0 * 1000 + actor_id
     while groups:
@@ -43,7 +46,8 @@ def long_prompts_met(model, actor_id: int, groups: int) -> tuple[int, set[str], 
         else:
             fitting.add(problem.prompt_id)
             groups -= 1
-    return met, fitting, long
+    heldout_long = sum(len(prompt_ids(task, p, tokenizer)[1]) > LIMIT for p in heldout)
+    return met, fitting, long, heldout_long
 
 
 def test_long_prompts_are_skipped_and_counted(qwen_tiny, tmp_path):
@@ -52,13 +56,16 @@ def test_long_prompts_are_skipped_and_counted(qwen_tiny, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] == 2
     actor = summary["actors"][0]
-    met, fitting, long = long_prompts_met(qwen_tiny, 0, actor["groups"])
+    met, fitting, long, heldout_long = long_prompts_met(qwen_tiny, 0, actor["groups"])
+    assert 0 < heldout_long < EVAL_SIZE
     assert met > 0 and actor["long_prompts_skipped"] == met == summary["long_prompts_skipped"]
     rows = read_segments(run_dir).to_pylist()
     assert rows and all(len(r["prompt_ids"]) <= LIMIT for r in rows)
     assert {r["prompt_id"] for r in rows} <= fitting and not {r["prompt_id"] for r in rows} & long
     counted = scalars(run_dir, "actor0", "rollout/long_prompts_skipped")  # stepped by policy version
     assert max(counted.values()) == met
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evals and all(e["num_problems"] == EVAL_SIZE - heldout_long for e in evals)  # long ones left out
 
 
 def test_long_prompts_error_refuses_before_anything_starts(qwen_tiny, tmp_path):

@@ -69,6 +69,7 @@ def test_policies_skip_truncate_error(qwen, math500):
     text, ids = prompt_ids(task, long, qwen)
 
     skip = LongPrompts(task, qwen, 92, "skip")
+    assert not skip.fits(long) and skip.fits(short) and skip.skipped == 0  # fits() counts nothing
     assert skip.fit(long) is None and skip.fit(short) == prompt_ids(task, short, qwen)
     kept = list(skip.stream(iter([long, short, long, short])))
     assert [p for p, _, _ in kept] == [short, short] and skip.skipped == 3
