@@ -34,7 +34,7 @@ from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 from rollout.engines.hf_fast import StaticSampler, supports_static
 
 INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
-from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights
+from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights, read_safetensors
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -256,7 +256,6 @@ class HFEngine(Engine):
         import json
 
         from peft import PeftModel, set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         path = Path(path)
         config = json.loads((path / "adapter_config.json").read_text())
@@ -265,7 +264,7 @@ class HFEngine(Engine):
         if self._peft is None:
             self._peft = PeftModel.from_pretrained(self.base, str(path), adapter_name=name, is_trainable=False)
         elif shape == self._adapter_shape:
-            weights = load_file(str(path / "adapter_model.safetensors"), device=str(self.device))
+            weights = {k: t.to(self.device) for k, t in read_safetensors(path / "adapter_model.safetensors")}
             result = set_peft_model_state_dict(self._peft, weights, adapter_name=self._adapter)
             if getattr(result, "unexpected_keys", None):
                 raise ValueError(f"{path}: adapter tensors {result.unexpected_keys[:3]} match no LoRA layer")
