@@ -3,13 +3,19 @@
 Each request is sent as plain frames ``[header, body?]`` (the ROUTER server adds the identity). If
 no reply arrives within ``timeout_s``, the socket is closed and reopened (a late reply to the old
 socket is dropped with it) and the *same* request is sent again, up to ``retries`` more times.
+A GET is re-sent sooner, every ``get_resend_s`` (2 s) within the same overall limit of
+``timeout_s * (1 + retries)`` seconds: a buffer killed and restarted on its address loses the GET
+it had received, and the learner hears from it again within ``get_resend_s`` of its restart
+(logged once: "buffer at ADDR answered again after N s") instead of after ``timeout_s``.
 That is safe: PUT is idempotent (the buffer drops duplicates by sample id and answers with the
 original sequence number), GET of a version returns the same selection, and CREDIT at worst
 grants credits that the rule still bounds. Not thread-safe: one client per thread.
 
 An ERROR reply raises :class:`BufferRefused` (a RuntimeError) whose ``code`` is the reply's code
 (docs/protocol.md); ``full`` raises its subclass :class:`BufferFullError`, which :meth:`BufferClient.put`
-first waits out (backpressure), and ``exhausted`` (offline replay) raises :class:`ReplayExhausted`.
+first waits out (backpressure), ``exhausted`` (offline replay) raises :class:`ReplayExhausted`, and
+``no_progress`` (the run cannot advance) raises :class:`BufferStalled`, a :class:`distrl.errors.NoProgress`
+whose text is the buffer's one line.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import zmq
 
 from buffer.security import apply_client_keys
 from distrl import wire
+from distrl.errors import NoProgress
 from distrl.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
@@ -35,6 +42,9 @@ class BufferRefused(RuntimeError):
         super().__init__(text)
         self.code = code
 
+    def __reduce__(self):  # pickled whole (Ray hands a role's error to the driver so)
+        return type(self), (str(self), self.code)
+
 
 class BufferFullError(BufferRefused):
     """The buffer holds its --max_rows/--max_bytes and refused a PUT: nothing was stored; retry later."""
@@ -44,7 +54,12 @@ class ReplayExhausted(BufferRefused):
     """An offline replay buffer cannot make the requested batch, and never will."""
 
 
-_ERRORS = {"full": BufferFullError, "exhausted": ReplayExhausted}
+class BufferStalled(BufferRefused, NoProgress):
+    """The buffer says the run cannot advance (e.g. ``--max_filtered_groups``); ``str()`` is its one line."""
+
+
+_ERRORS = {"full": BufferFullError, "exhausted": ReplayExhausted}  # and no_progress: BufferStalled
+GET_RESEND_S = 2.0  # a GET with no reply is re-sent this often (a restarted buffer lost it)
 
 
 class BufferClient:
@@ -54,7 +69,9 @@ class BufferClient:
         address: the server's zmq endpoint (``BufferServer.address``).
         sender: this client's name in headers, e.g. ``actor3`` or ``learner0``.
         timeout_s: seconds to wait for one reply before re-sending.
-        retries: re-sends after the first attempt before TimeoutError.
+        retries: re-sends after the first attempt before TimeoutError (after ``timeout_s * (1 + retries)``
+            seconds without a reply).
+        get_resend_s: seconds to wait for a GET's reply before re-sending it (at most ``timeout_s``).
         curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
             client's secret key file (:mod:`buffer.security`); None for plain TCP.
     Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
@@ -62,8 +79,10 @@ class BufferClient:
     """
 
     def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5,
-                 curve_server_key: str | None = None, curve_client_key: str | None = None) -> None:
+                 curve_server_key: str | None = None, curve_client_key: str | None = None,
+                 get_resend_s: float = GET_RESEND_S) -> None:
         self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
+        self.get_resend_s = min(get_resend_s, timeout_s)
         self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
         self._ctx = zmq.Context()
         self._sock: zmq.Socket | None = None
@@ -81,36 +100,54 @@ class BufferClient:
         self._sock.connect(self.address)
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
-                 **fields: Any) -> tuple[Header, pa.Table | None]:
-        """Send one request and return the reply's header and body (Lazy Pirate).
+                 resend_s: float | None = None, **fields: Any) -> tuple[Header, pa.Table | None]:
+        """Send one request and return the reply's header and body (Lazy Pirate): re-sent on a reopened
+        socket every ``resend_s`` (default ``timeout_s``) seconds without a reply; a warning every
+        ``timeout_s`` of silence, and one line when the buffer answers again.
 
-        Raises TimeoutError after ``1 + retries`` unanswered sends, BufferRefused on an ERROR reply.
+        Raises TimeoutError after ``timeout_s * (1 + retries)`` seconds without a reply, BufferRefused
+        on an ERROR reply.
         """
         self._seq += 1
         frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
-        attempts = 1 + (self.retries if retries is None else retries)
-        for attempt in range(1, attempts + 1):
+        interval = self.timeout_s if resend_s is None else resend_s
+        limit = self.timeout_s * (1 + (self.retries if retries is None else retries))
+        start = time.monotonic()
+        warn_at, sends = start + self.timeout_s, 0
+        while True:
             self._sock.send_multipart(frames)
-            reply = self._wait_reply()
+            sends += 1
+            reply = self._wait_reply(min(interval, start + limit - time.monotonic()))
             if reply is not None:
-                header, reply_body = reply
-                if header.type is MsgType.ERROR:
-                    code = str(header.fields.get("code", "invalid"))
-                    raise _ERRORS.get(code, BufferRefused)(
-                        f"buffer at {self.address} refused {msg_type.value} ({code}): "
-                        f"{header.fields.get('error', '(no text)')}", code)
-                return header, reply_body
-            log.warning("no reply from buffer at %s to %s in %.1fs (attempt %d/%d)",
-                        self.address, msg_type.value, self.timeout_s, attempt, attempts)
-            if attempt < attempts:
-                self.resends += 1
+                if sends > 1:
+                    log.info("buffer at %s answered again after %.1f s (%s sent %d times)", self.address,
+                             time.monotonic() - start, msg_type.value, sends)
+                return self._reply(msg_type, *reply)
+            now = time.monotonic()
+            if now >= warn_at - 1e-3:
+                log.warning("no reply from buffer at %s to %s in %.1fs (sent %d times; up to %.0fs)",
+                            self.address, msg_type.value, now - start, sends, limit)
+                warn_at = now + self.timeout_s
             self._open()
-        raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {attempts} attempts "
-                           f"of {self.timeout_s:.1f}s: is the buffer running at that address?")
+            if now >= start + limit - 1e-3:
+                break
+            self.resends += 1
+        raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {limit:.1f}s "
+                           f"({sends} sends): is the buffer running at that address?")
 
-    def _wait_reply(self) -> tuple[Header, pa.Table | None] | None:
+    def _reply(self, msg_type: MsgType, header: Header, body: pa.Table | None) -> tuple[Header, pa.Table | None]:
+        """The reply as it is, or the error an ERROR reply stands for."""
+        if header.type is MsgType.ERROR:
+            code, text = str(header.fields.get("code", "invalid")), str(header.fields.get("error", "(no text)"))
+            if code == "no_progress":  # the buffer's one line, as launchers print it
+                raise BufferStalled(text.removeprefix(f"{NoProgress.__name__}: "), code)
+            raise _ERRORS.get(code, BufferRefused)(f"buffer at {self.address} refused {msg_type.value} ({code}): "
+                                                   f"{text}", code)
+        return header, body
+
+    def _wait_reply(self, timeout_s: float) -> tuple[Header, pa.Table | None] | None:
         """The reply to request ``self._seq``, or None after ``timeout_s``; other replies are dropped."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
         while (left := deadline - time.monotonic()) > 0:
             if not self._sock.poll(int(left * 1000) + 1):
                 return None
@@ -172,8 +209,8 @@ class BufferClient:
         start = time.monotonic()
         next_warning = start + 60.0
         while True:
-            header, body = self._request(MsgType.GET, learner_version=learner_version, rank=rank,
-                                         world_size=world_size)
+            header, body = self._request(MsgType.GET, resend_s=self.get_resend_s, learner_version=learner_version,
+                                         rank=rank, world_size=world_size)
             self._expect(header, MsgType.BATCH, MsgType.WAIT)
             if header.type is MsgType.BATCH:
                 return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()

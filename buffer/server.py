@@ -12,6 +12,12 @@ answered too. Every request gets exactly one reply, echoing its ``seq``:
     SHUTDOWN                                  -> ACK, then the loop ends
     anything else                             -> ERROR {error, code}; the server keeps serving
 
+Progress guard: once ``--max_filtered_groups`` groups in a row were dropped by ``--filter_zero_variance``
+(:meth:`GroupStore.check_progress`) no batch may ever form. The buffer logs it once, answers GETs with
+ERROR ``no_progress`` (the client raises :class:`distrl.errors.NoProgress`) and credits with ``stop``,
+for ``NO_PROGRESS_GRACE_S`` seconds so that learners and actors hear it; then, unless a SHUTDOWN came
+meanwhile, :meth:`BufferServer.serve` raises NoProgress.
+
 Group commit: PUT ACKs are sent only once their groups are in the segment log, as durable as
 ``--fsync`` makes them, so an ACK is never sent for a group the log could lose. The loop validates a
 PUT and admits its groups to memory; one commit at a time runs in a thread (the only user of the
@@ -53,8 +59,9 @@ from buffer.memory import prefault_heap
 from buffer.recovery import restore_store
 from buffer.security import CurveServer
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
-from buffer.store import DEDUP_WINDOW, BufferFull, GroupStore
+from buffer.store import DEDUP_WINDOW, MAX_FILTERED_GROUPS, BufferFull, GroupStore
 from distrl import wire
+from distrl.errors import NoProgress
 from distrl.metrics import Metrics
 from distrl.wire import Header, MsgType
 
@@ -64,6 +71,8 @@ DEFAULT_MAX_MSG_BYTES = 256 * 2**20
 MAX_BATCH = 64  # requests handled between two polls (their non-PUT replies are sent together)
 SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
+NO_PROGRESS_GRACE_S = 10.0  # a buffer that cannot progress keeps telling clients so this long, then raises
+WAIT_LOG_S = 30.0  # a kind of "GET waits" line is logged at most this often, with a count
 
 
 class _Put(NamedTuple):
@@ -93,7 +102,7 @@ class Exhausted(RuntimeError):
 
 
 ERROR_CODES = ((wire.VersionError, "version"), (wire.WireError, "malformed"), (Unsupported, "unsupported"),
-               (BufferFull, "full"), (Exhausted, "exhausted"), ((ValueError, KeyError, TypeError), "invalid"))
+               (BufferFull, "full"), (Exhausted, "exhausted"), (NoProgress, "no_progress"), ((ValueError, KeyError, TypeError), "invalid"))
 
 
 def bindable(address: str) -> str:
@@ -121,6 +130,7 @@ class BufferServer:
         fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
         dedup_window: sample ids remembered to drop re-sent PUTs (see :class:`GroupStore`).
+        max_filtered_groups: zero-variance groups in a row after which the buffer stops (module docstring).
         prefault_bytes: heap written before serving, for received messages (:mod:`buffer.memory`; at
             most ``max_bytes``); 0 leaves malloc as it is.
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
@@ -129,7 +139,8 @@ class BufferServer:
         replay_from: offline replay of the log in this directory; ``restamp``: its staleness model.
         curve_secret_key, curve_client_keys: CURVE (:mod:`buffer.security`); None for plain TCP.
     Raises zmq.ZMQError if the address cannot be bound, FileExistsError if a fresh buffer's run
-    directory already holds segments, ValueError on bad options or a corrupt log.
+    directory already holds segments, ValueError on bad options or a corrupt log; :meth:`serve` raises
+    NoProgress when the run cannot advance (see the module docstring).
     """
 
     def __init__(self, address: str, run_dir: str | os.PathLike, batch_size: int, max_staleness: int,
@@ -138,7 +149,7 @@ class BufferServer:
                  replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
                  fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
                  retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, prefault_bytes: int = 0,
-                 dedup_window: int = DEDUP_WINDOW,
+                 dedup_window: int = DEDUP_WINDOW, max_filtered_groups: int = MAX_FILTERED_GROUPS,
                  poll_ms: int = 50,
                  resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None, restamp: bool = False,
                  curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
@@ -146,7 +157,7 @@ class BufferServer:
             raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
                                   f"or give a new run directory")
         self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by, order, filter_zero_variance,
-                                replay_ratio, max_rows, max_bytes, restamp, dedup_window)
+                                replay_ratio, max_rows, max_bytes, restamp, dedup_window, max_filtered_groups)
         self.replay = replay_from is not None
         if not self.replay:  # before the ZeroMQ context starts its I/O thread
             prefault_heap(prefault_bytes if max_bytes is None else min(prefault_bytes, max_bytes))
@@ -191,7 +202,8 @@ class BufferServer:
         self._owed: dict[str, int] = {}  # sender -> credits granted to it and not yet PUT
         self._last_tick, self._ingest = time.monotonic(), [0, 0, 0]  # rows, bytes, groups since the tick
         self._get_ms: list[float] = []
-        self._last_wait: tuple[str, float] = ("", 0.0)
+        self._waits: dict[str, tuple[float, int]] = {}  # kind of WAIT reason -> (last logged, GETs since)
+        self._no_progress: tuple[NoProgress, float] | None = None  # the error and when it was first seen
 
     def _bind(self, address: str, max_msg_bytes: int) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -225,12 +237,27 @@ class BufferServer:
             self._advance_commit()
             if time.monotonic() - self._last_tick >= 1.0:
                 self._tick()
+            if self._stalled() is not None and time.monotonic() - self._no_progress[1] >= NO_PROGRESS_GRACE_S:
+                break
         while self._committing is not None or self._unacked:  # acknowledge what was handled
             if self._committing is not None:
                 self._committing[0].result()
             self._advance_commit()
         self._tick()
         self.metrics.flush()
+        if self._no_progress is not None and not self._shutdown_requested and not (stop is not None and stop.is_set()):
+            raise NoProgress(str(self._no_progress[0]))
+
+    def _stalled(self) -> NoProgress | None:
+        """The store's NoProgress error once it cannot advance (logged once, when first seen), else None."""
+        if self._no_progress is None:
+            try:
+                self.store.check_progress()
+            except NoProgress as exc:
+                self._no_progress = (exc, time.monotonic())
+                log.error("buffer: %s. GETs are refused and credits say stop; the buffer stops in %.0f s",
+                          exc, NO_PROGRESS_GRACE_S)
+        return None if self._no_progress is None else self._no_progress[0]
 
     def _handle_queued(self) -> None:
         """Handle what is queued (up to MAX_BATCH requests), in order: send the replies that acknowledge
@@ -367,6 +394,9 @@ class BufferServer:
         t0 = time.perf_counter()
         version = int_field(header, "learner_version", 2**40)
         rank, world_size = int_field(header, "rank", 4095), int_field(header, "world_size", 4096)
+        stalled = self._stalled()
+        if stalled is not None:
+            raise NoProgress(str(stalled))  # a new one each time: a re-raised exception keeps its traceback
         before = self.store.selections
         shard = self.store.select(version, rank, world_size)
         if shard is None:
@@ -394,12 +424,16 @@ class BufferServer:
         if unused:  # a client asks again only after PUTting its grant: it restarted, or our reply was lost
             self.store.refund_credits(unused)
             log.info("buffer: %s asks for credits again with %d unused: returned", header.sender, unused)
-        granted = 0 if self._stopping else self.store.grant_credits(want)
+        stalled = self._stalled()
+        granted = 0 if self._stopping or stalled is not None else self.store.grant_credits(want)
         if granted and len(self._owed) < MAX_CLIENTS_TRACKED:
             self._owed[header.sender] = granted
         fields = dict(granted=granted, learner_version=self.store.learner_version,
-                      min_policy_version=self.store.min_policy_version, stop=self._stopping, full=self.store.full)
-        if self.store.full:
+                      min_policy_version=self.store.min_policy_version, stop=self._stopping or stalled is not None,
+                      full=self.store.full)
+        if stalled is not None:
+            fields["reason"] = str(stalled)
+        elif self.store.full:
             fields["reason"] = "buffer full: no credits until the learners consume"
         return wire.encode(MsgType.CREDIT, SENDER, header.seq, **fields)
 
@@ -433,11 +467,16 @@ class BufferServer:
     # ---- metrics and housekeeping --------------------------------------------------------------
 
     def _log_wait(self, reason: str) -> None:
-        """Log why a GET waits: when the reason changes, else at most every 30 s."""
-        last, at = self._last_wait
-        if reason != last or time.monotonic() - at > 30.0:
-            (log.warning if "filter_zero_variance" in reason else log.info)("buffer: GET waits: %s", reason)
-            self._last_wait = (reason, time.monotonic())
+        """Log why a GET waits: each kind of reason (its words, whatever the numbers) at most every
+        ``WAIT_LOG_S`` seconds, with the number of GETs that waited for it since its last line."""
+        kind, now = re.sub(r"\d+", "#", reason), time.monotonic()
+        at, count = self._waits.get(kind, (-WAIT_LOG_S, 0))
+        if now - at < WAIT_LOG_S:
+            self._waits[kind] = (at, count + 1)
+            return
+        self._waits[kind] = (now, 0)
+        since = f" ({count} more GETs waited so since the last such line)" if count else ""
+        (log.warning if "filter_zero_variance" in reason else log.info)("buffer: GET waits: %s%s", reason, since)
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -16,7 +16,9 @@ in the log): later groups are not handed out, nor counted as fresh, until it mov
 
 Groups leave memory otherwise only by eviction, counted per reason: ``stale`` (the learner moved past
 ``policy_version + max_staleness``) and ``zero_variance`` (``filter_zero_variance``: all rewards
-equal). An evicted group gives its credit back.
+equal). An evicted group gives its credit back. A run whose every group is filtered could never train:
+after ``max_filtered_groups`` filtered groups in a row (any group that passes the filter resets the
+count) :meth:`GroupStore.check_progress` raises :class:`distrl.errors.NoProgress`.
 
 Credits follow AReaL's rule: at most ``(learner_version + max_staleness + 1) * batch_size`` groups may
 be granted, net of refunds. When memory is full (``max_rows`` completions or ``max_bytes`` Arrow bytes
@@ -36,10 +38,12 @@ import pyarrow as pa
 
 from buffer.held import Parsed, RecentIds, Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
+from distrl.errors import NoProgress
 from distrl.wire import COMPLETION_SCHEMA
 
 EVICTION_REASONS = ("stale", "zero_variance")
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
+MAX_FILTERED_GROUPS = 2000  # consecutive zero-variance groups before NoProgress (--max_filtered_groups)
 
 
 Persist = Callable[[pa.RecordBatch, int], None]  # (new groups, seq of the first) -> None
@@ -73,16 +77,20 @@ class GroupStore:
         restamp: staleness counts from a group's first use (offline replay), not its recorded version.
         dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
             (:class:`buffer.held.RecentIds`).
+        max_filtered_groups: with ``filter_zero_variance``, groups filtered in a row after which
+            :meth:`check_progress` raises NoProgress (0: never).
     Raises ValueError on out-of-range arguments.
     """
 
     def __init__(self, batch_size: int, max_staleness: int, topk: int, group_size: int,
                  topk_by: Literal["reward", "abs_advantage"] = "reward", order: str = "fifo",
                  filter_zero_variance: bool = False, replay_ratio: int = 1, max_rows: int | None = None,
-                 max_bytes: int | None = None, restamp: bool = False, dedup_window: int = DEDUP_WINDOW) -> None:
-        if batch_size < 1 or group_size < 1 or max_staleness < 0 or replay_ratio < 1:
-            raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0, replay_ratio >= 1; "
-                             f"got {batch_size}, {group_size}, {max_staleness}, {replay_ratio}")
+                 max_bytes: int | None = None, restamp: bool = False, dedup_window: int = DEDUP_WINDOW,
+                 max_filtered_groups: int = MAX_FILTERED_GROUPS) -> None:
+        if batch_size < 1 or group_size < 1 or max_staleness < 0 or replay_ratio < 1 or max_filtered_groups < 0:
+            raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0, replay_ratio >= 1, "
+                             f"max_filtered_groups >= 0; got {batch_size}, {group_size}, {max_staleness}, "
+                             f"{replay_ratio}, {max_filtered_groups}")
         if not 1 <= topk <= group_size:
             raise ValueError(f"topk must be in [1, group_size={group_size}], got {topk}")
         if topk_by not in ("reward", "abs_advantage"):
@@ -104,6 +112,8 @@ class GroupStore:
         self.evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self.credits_granted = self.credits_refunded = 0
         self.filtered_since_batch = 0  # zero-variance evictions since the last selection (WAIT reason)
+        self.max_filtered_groups = max_filtered_groups
+        self.filtered_in_a_row = 0  # zero-variance evictions since the last group that passed the filter
         self.last_staleness: list[int] = []
         self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
 
@@ -281,6 +291,10 @@ class GroupStore:
                filtered: np.ndarray | None) -> None:
         """Hold c accepted groups, group j being rows ``offset[j] + [0, group_size)`` of ``parents[j]``
         (``keep``: (c, k), the rest (c,)); those ``filtered`` (zero variance) or already stale are evicted."""
+        if filtered is not None and len(filtered):
+            passed = np.flatnonzero(~filtered)  # the count restarts after the last group that passed
+            self.filtered_in_a_row = (len(filtered) - 1 - int(passed[-1]) if passed.size
+                                      else self.filtered_in_a_row + len(filtered))
         if filtered is not None and filtered.any():
             self.filtered_since_batch += int(filtered.sum())
             self._count_eviction("zero_variance", int(filtered.sum()))
@@ -423,6 +437,15 @@ class GroupStore:
         """Groups that a selection for ``learner_version`` (default: the current one) could take."""
         return int(self._eligible(self.learner_version if learner_version is None else learner_version).size)
 
+    def check_progress(self) -> None:
+        """Raise :class:`distrl.errors.NoProgress` (one line naming the flags) once ``max_filtered_groups``
+        groups in a row were dropped by ``filter_zero_variance``: no batch may ever form. A sparse reward
+        (a few groups that vary among many that do not) resets the count with each group that varies."""
+        if self.max_filtered_groups and self.filtered_in_a_row >= self.max_filtered_groups:
+            raise NoProgress(f"{self.max_filtered_groups} groups in a row had equal rewards and were dropped by "
+                             f"--filter_zero_variance: the reward gives GRPO no signal (raise "
+                             f"--max_filtered_groups, or check --reward)")
+
     def wait_reason(self, learner_version: int) -> str:
         """Why no batch can be made for ``learner_version`` yet, in words (for WAIT replies and logs)."""
         fresh = self.fresh_groups(learner_version)
@@ -469,6 +492,7 @@ class GroupStore:
             "full": self.full, "credits_granted": self.credits_granted, "credits_refunded": self.credits_refunded,
             "learner_version": self.learner_version, "min_policy_version": self.min_policy_version,
             "selections": self.selections, "last_staleness": list(self.last_staleness),
+            "filtered_in_a_row": self.filtered_in_a_row,
         }
         stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})
         return stats

@@ -15,6 +15,7 @@ import tyro
 
 from distrl.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
 from distrl.configfile import ConfigFileError, expand_config
+from distrl.errors import NoProgress
 from distrl.faults import RoleFailed, as_interrupted, raise_on_signals
 from distrl.logs import quiet_libraries
 
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signum
     except RoleFailed as exc:  # a role raised, died or is stuck: its error, shortened, and its log file
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
+        return 1
+    except NoProgress as exc:  # raised here, or in a role (Ray's RayTaskError is a subclass; .cause holds it)
+        print(f"distrl {name}: error: {getattr(exc, 'cause', exc)}", file=sys.stderr)
         return 1
     return 0
 

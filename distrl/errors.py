@@ -18,3 +18,13 @@ class PreflightError(Exception):
     def __init__(self, flag: str, problem: str, fix: str):
         self.flag, self.problem, self.fix = flag, problem, fix
         super().__init__(f"{flag}: {problem}\n  fix: {fix}")
+
+
+class NoProgress(RuntimeError):
+    """A run that cannot advance and never will, found while it runs (e.g. ``--max_filtered_groups``
+    groups in a row dropped by ``--filter_zero_variance``: the reward tells no completion apart).
+
+    ``str(error)`` is one line naming the flag to change. Raised by the buffer (its role or launcher)
+    and by a buffer client whose request the buffer refused for this reason (ERROR code
+    ``no_progress``); launchers print it after ``distrl <command>: error:`` and exit with status 1.
+    """

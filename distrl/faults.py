@@ -241,6 +241,10 @@ def role_failed(exc: BaseException, handles: dict, run_dir: Path) -> BaseExcepti
     """
     from ray.exceptions import RayActorError, RayTaskError
 
+    from distrl.errors import NoProgress
+
+    if isinstance(exc, NoProgress):  # the run cannot advance: the cause's one line names the flag to change
+        return getattr(exc, "cause", exc)
     if not isinstance(exc, (RayTaskError, RayActorError)):
         return exc
     text = _ANSI.sub("", str(exc))

@@ -35,7 +35,7 @@ class VersionError(WireError):
 
 
 # The ``code`` field of an ERROR reply (docs/protocol.md): what went wrong, so a client can react.
-ERROR_CODES = ("malformed", "version", "unsupported", "invalid", "full", "exhausted", "internal")
+ERROR_CODES = ("malformed", "version", "unsupported", "invalid", "full", "exhausted", "no_progress", "internal")
 
 
 class MsgType(str, enum.Enum):

@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import re
 import threading
 import time
 
@@ -10,11 +11,12 @@ import pytest
 import zmq
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.client import BufferClient
+from buffer.client import BufferClient, BufferStalled
 from buffer import segments
 from buffer.segments import read_consumed, read_segments, segment_paths
 from buffer.server import BufferServer
 from distrl import wire
+from distrl.errors import NoProgress
 from distrl.wire import Header, MsgType
 from tests.helpers import make_group
 
@@ -200,6 +202,62 @@ def test_client_resends_until_a_server_answers(tmp_path):
         serve.join()
         server.close()
         c.close()
+
+
+def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, caplog):
+    """A buffer restarted on its address lost the GET it had received: the client re-sends it every
+    get_resend_s, not after its timeout_s (120 s here, far beyond the join below)."""
+    ctx = zmq.Context()
+    silent = ctx.socket(zmq.ROUTER)  # the buffer that dies with the GET
+    silent.bind("tcp://127.0.0.1:*")
+    address = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+    result = {}
+    c = BufferClient(address, "learner0", timeout_s=120.0, retries=1, get_resend_s=0.2)
+    thread = threading.Thread(target=lambda: result.setdefault("rows", c.get(0).num_rows))
+    caplog.set_level("INFO", logger="buffer.client")
+    thread.start()
+    assert silent.poll(5000)  # the first GET reached a server that will never answer it
+    silent.close(linger=0)
+    ctx.term()
+    server = BufferServer(address, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
+    stop = threading.Event()
+    serve = threading.Thread(target=server.serve, args=(stop,))
+    serve.start()
+    try:
+        with BufferClient(address, "actor0") as actor:
+            actor.put(make_group("g"))
+        thread.join(timeout=60)
+        assert result == {"rows": 1} and c.resends >= 1
+        assert any(re.fullmatch(rf"buffer at {re.escape(address)} answered again after [\d.]+ s \(GET sent \d+ times\)",
+                                r.getMessage()) for r in caplog.records)
+        assert not any(r.levelname == "WARNING" for r in caplog.records)  # a short outage is no warning
+    finally:
+        stop.set()
+        serve.join()
+        server.close()
+        c.close()
+
+
+def test_no_progress_refuses_gets_stops_credits_then_ends_serve(tmp_path, monkeypatch):
+    monkeypatch.setattr("buffer.server.NO_PROGRESS_GRACE_S", 0.5)
+    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4,
+                          filter_zero_variance=True, max_filtered_groups=2)
+    failed = []
+    serve = threading.Thread(target=lambda: failed.append(pytest.raises(NoProgress, server.serve)))
+    serve.start()
+    try:
+        with client(server) as c:
+            c.put(make_group("flat0", rewards=[1, 1, 1, 1]))
+            assert c.credits(1)["stop"] == 0
+            c.put(make_group("flat1", rewards=[1, 1, 1, 1]))
+            assert c.credits(1) | {"learner_version": 0} == {"granted": 0, "learner_version": 0,
+                                                             "min_policy_version": 0, "stop": 1, "full": 0}
+            with pytest.raises(BufferStalled, match=r"^2 groups in a row had equal rewards .*--max_filtered_groups"):
+                c.get(0)
+        serve.join(timeout=30)
+        assert not serve.is_alive() and failed  # serve raised NoProgress after the grace period
+    finally:
+        server.close()
 
 
 def test_server_writes_metrics(tmp_path):

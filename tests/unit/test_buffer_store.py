@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from buffer.held import RecentIds, as_batch, parse_groups
 from buffer.selection import first_k, topk_rows
 from buffer.store import BufferFull, GroupStore
+from distrl.errors import NoProgress
 from tests.helpers import make_group
 
 
@@ -292,6 +293,44 @@ def test_zero_variance_filter_drops_refunds_and_says_why():
     unfiltered = store(batch_size=1, topk=4)
     unfiltered.put(make_group("flat", rewards=[1, 1, 1, 1]))
     assert unfiltered.select(0, 0, 1).num_rows == 4
+
+
+def test_consecutive_filtered_groups_stop_the_run_naming_the_flag():
+    s = store(batch_size=1, topk=4, filter_zero_variance=True, max_filtered_groups=3)
+    flat = lambda name: make_group(name, rewards=[0, 0, 0, 0])  # noqa: E731
+    s.put(flat("f0"))
+    s.put(flat("f1"))
+    s.check_progress()  # two in a row: not yet
+    s.put(make_group("signal", rewards=[1, 0, 0, 0]))  # a group that passes resets the count
+    s.put_groups(pa.concat_tables([flat("f2"), flat("f3")]))
+    assert s.stats()["filtered_in_a_row"] == 2
+    s.check_progress()
+    s.put(flat("f4"))
+    with pytest.raises(NoProgress, match=r"^3 groups in a row had equal rewards .*--filter_zero_variance.*"
+                                         r"raise --max_filtered_groups, or check --reward\)$"):
+        s.check_progress()
+    # In one PUT, only the filtered groups after the last that passed count.
+    t = store(batch_size=1, topk=4, filter_zero_variance=True, max_filtered_groups=3)
+    t.put_groups(pa.concat_tables([flat("a"), flat("b"), make_group("c", rewards=[1, 0, 0, 0]), flat("d")]))
+    assert t.filtered_in_a_row == 1
+    # Joint admission of several PUTs (put_messages) counts the same way.
+    u = store(batch_size=1, topk=4, filter_zero_variance=True, max_filtered_groups=3)
+    u.put_messages([(as_batch(flat(f"m{i}")), None, None) for i in range(3)])
+    with pytest.raises(NoProgress):
+        u.check_progress()
+
+
+def test_sparse_reward_is_never_stopped_and_zero_means_no_limit():
+    s = store(batch_size=1, topk=4, filter_zero_variance=True, max_filtered_groups=50)
+    for i in range(2000):  # one group in 40 varies: 39 flat groups in a row at most, 1950 dropped
+        s.put(make_group(f"g{i}", rewards=[1, 0, 0, 0] if i % 40 == 0 else [0, 0, 0, 0]))
+        s.check_progress()
+    assert s.stats()["evicted_zero_variance"] == 1950
+    off = store(batch_size=1, topk=4, filter_zero_variance=True, max_filtered_groups=0)
+    for i in range(100):
+        off.put(make_group(f"g{i}", rewards=[0, 0, 0, 0]))
+    off.check_progress()
+    assert off.filtered_in_a_row == 100
 
 
 def test_memory_bound_refuses_puts_and_stops_credits_until_learners_consume():

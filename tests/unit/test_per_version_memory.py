@@ -1,4 +1,4 @@
-"""Issue 16, item 6: what an actor keeps per policy version stays bounded.
+"""Issue 16, item 6: what an actor or a learner keeps per policy version stays bounded.
 
 An actor loads every version's weights from safetensors files. `safe_open(framework="pt")` (safetensors
 0.8.0) left two Python objects behind per tensor read, ~1.4 KB per version of the tiny model, so the
@@ -66,3 +66,20 @@ def test_loading_a_version_keeps_nothing_per_version(tmp_path):
 
     growth = _traced_growth(load, warmup=20, n=200)
     assert growth < 20_000, f"{growth} bytes kept after 200 versions"
+
+
+def test_learner_history_is_compact():
+    """The learner's returned history holds 40 bytes a version, not each version's stats dict."""
+    from learn.learner import History
+
+    history = History()
+    for v in range(10_000):
+        stats = {f"learner/metric_{i}": float(i) for i in range(30)}  # what a version logs, and more
+        stats.update({"learner/loss": v / 2, "learner/reward_mean": 0.5, "learner/grad_norm": 1.0,
+                      "learner/staleness_mean": 0.5, "learner/staleness_max": v % 2})
+        history.append(stats)
+    assert history.nbytes == 40 * 10_000
+    rows = history.rows()
+    assert len(rows) == 10_000 and rows[-1] == {"learner/loss": 4999.5, "learner/reward_mean": 0.5,
+                                                 "learner/grad_norm": 1.0, "learner/staleness_mean": 0.5,
+                                                 "learner/staleness_max": 1}
