@@ -206,22 +206,27 @@ class SegmentLog:
 
 def _read_stream(path: Path, header_only: bool = False) -> tuple[dict, list[pa.RecordBatch]]:
     """(schema metadata, record batches) of one segment, up to its first unreadable message (a crash)."""
-    batches: list[pa.RecordBatch] = []
     with open(path, "rb") as f:
+        return _read_source(f, path, header_only)
+
+
+def _read_source(f, path: Path, header_only: bool = False) -> tuple[dict, list[pa.RecordBatch]]:
+    """:func:`_read_stream` of an open file ``f`` (a Python file, or a ``pa.memory_map``) of ``path``."""
+    batches: list[pa.RecordBatch] = []
+    try:
+        reader = pa.ipc.open_stream(f)
+    except (pa.ArrowInvalid, OSError, EOFError):
+        return {}, batches  # crashed before the schema was complete
+    if not reader.schema.equals(COMPLETION_SCHEMA):
+        raise ValueError(f"{path} does not hold distrl.wire.COMPLETION_SCHEMA rows")
+    metadata = dict(reader.schema.metadata or {})
+    while not header_only:
         try:
-            reader = pa.ipc.open_stream(f)
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            break
         except (pa.ArrowInvalid, OSError, EOFError):
-            return {}, batches  # crashed before the schema was complete
-        if not reader.schema.equals(COMPLETION_SCHEMA):
-            raise ValueError(f"{path} does not hold distrl.wire.COMPLETION_SCHEMA rows")
-        metadata = dict(reader.schema.metadata or {})
-        while not header_only:
-            try:
-                batches.append(reader.read_next_batch())
-            except StopIteration:
-                break
-            except (pa.ArrowInvalid, OSError, EOFError):
-                break  # truncated last message: never acknowledged
+            break  # truncated last message: never acknowledged
     return metadata, batches
 
 
@@ -253,6 +258,27 @@ def read_groups(directory: str | os.PathLike) -> Iterator[tuple[int, pa.Table]]:
             for group in _split_groups(batch, size):
                 yield seq, pa.Table.from_batches([group], schema=COMPLETION_SCHEMA)
                 seq += 1
+
+
+def groups_by_actor(directory: str | os.PathLike) -> dict[int, int]:
+    """Complete groups in the log per ``actor_id`` (a learner's ``--learner_generates`` groups under its
+    negative id): what the buffer accepted from each over the whole run, across actor restarts and
+    ``--resume`` (segments deleted by retention no longer count). The segments are memory-mapped and
+    only their ``actor_id`` column is read. Raises ValueError if a segment has another schema.
+    """
+    counts: dict[int, int] = {}
+    for path in segment_paths(directory):
+        with pa.memory_map(str(path)) as source:
+            metadata, batches = _read_source(source, path)
+            size = int(metadata[GROUP_SIZE_KEY]) if GROUP_SIZE_KEY in metadata else None
+            for batch in batches:
+                if size is None:  # older logs: groups are runs of one group_id
+                    heads = [g.column("actor_id")[0].as_py() for g in _split_groups(batch, None)]
+                else:
+                    heads = batch.column("actor_id").to_numpy()[::size].tolist()
+                for actor in heads:
+                    counts[actor] = counts.get(actor, 0) + 1
+    return counts
 
 
 def read_segments(directory: str | os.PathLike) -> pa.Table:

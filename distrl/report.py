@@ -54,6 +54,13 @@ def read_scalars(tb_dir: str | Path, tags: tuple[str, ...] | None = None) -> dic
     return out
 
 
+def reward_series(run_dir: str | Path) -> list[tuple[int, float]]:
+    """[(version, mean training reward)] of the whole run, from learner0's TensorBoard events: every event
+    file under ``<run_dir>/tb/learner0``, a ``--resume``'s too (a version trained again after a resume
+    keeps its last value). The summary's ``reward_by_version`` and the report's table both come from it."""
+    return read_scalars(Path(run_dir) / "tb" / "learner0", ("learner/reward_mean",)).get("learner/reward_mean", [])
+
+
 def read_eval(run_dir: str | Path) -> list[dict]:
     """The lines of ``<run_dir>/eval.jsonl`` sorted by version ([] without the file)."""
     path = Path(run_dir) / "eval.jsonl"

@@ -321,16 +321,26 @@ def train(cfg: TrainConfig) -> dict:
             placement.release()
         if owns_ray:
             ray.shutdown()
+    from buffer.segments import groups_by_actor
+    from distrl.report import reward_series
+
+    logged = groups_by_actor(run_dir)  # groups per role: the log's, not a counter a restarted process reset
     summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,
-               "train_wall_s": time.time() - start,
-               "gpu_ids": gpu_ids, "learner_generated": [r.get("generated") for r in learner_results],
-               "actors": actor_results, "buffer": buffer_stats,
+               "train_wall_s": time.time() - start, "gpu_ids": gpu_ids,
+               "learner_generated": [_logged_groups(r.get("generated"), logged) for r in learner_results],
+               "actors": [_logged_groups(a, logged) for a in actor_results], "buffer": buffer_stats,
                "long_prompts_skipped": sum(a.get("long_prompts_skipped", 0) for a in actor_results),
-               "reward_by_version": [h["learner/reward_mean"] for h in learner_results[0]["history"]]}
+               "reward_by_version": [reward for _, reward in reward_series(run_dir)]}  # versions 1.., resumes too
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON
     return summary
+
+
+def _logged_groups(result: dict | None, logged: dict[int, int]) -> dict | None:
+    """A role's result (an actor's, a learner's --learner_generates) with ``groups`` taken from the segment
+    log's count for its ``actor_id`` (``logged``): the whole run's, across restarts and --resume."""
+    return None if result is None else {**result, "groups": logged.get(result["actor_id"], 0)}
 
 
 def _checkpoint_version(run_dir: Path) -> int:

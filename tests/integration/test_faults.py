@@ -136,6 +136,8 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     assert "restarted" in actor_log and "resuming after the" in actor_log
     logs = check_logs(run_dir)
     assert summary["buffer"]["groups_put"] == len(logs["groups"])
+    # The summary counts the killed actor's groups too (the log's count, not the restarted process's counter).
+    assert [(a["actor_id"], a["groups"]) for a in summary["actors"]] == [(0, len(logs["groups"]))]
     versions_never_go_backwards(logs["table"])
     # The restarted actor asked for the latest weights: its first group is not from version 0.
     rejoined = int(re.search(r"resuming after the (\d+) problems", actor_log).group(1))

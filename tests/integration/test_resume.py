@@ -13,7 +13,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from buffer.segments import read_segments
+from buffer.segments import groups_by_actor, read_segments
 from tests.integration.test_train import distrl, run, scalars
 
 FLAGS = ["--model", "tiny", "--task", "half_vocab", "--max_staleness", "0", "--batch_size", "4", "--group_size", "4",
@@ -45,3 +45,13 @@ def test_resume_continues_versions_data_and_optimizer_exactly(tmp_path):
     assert diff <= 1e-6 * max(scale, 1.0), diff
     # ...and the resumed steps really moved them (checkpoints keep the newest two: v3, v4).
     assert max((adapter(resumed, 3)[k] - b[k]).abs().max().item() for k in b) > 1e-4
+    # The summary covers the whole run, not the resumed part only: per-actor groups are the log's, the
+    # rewards those of versions 1..4, and the printed first reward is the report table's.
+    summary = json.loads((resumed / "summary.json").read_text())
+    logged = groups_by_actor(resumed)
+    assert {a["actor_id"]: a["groups"] for a in summary["actors"]} == logged
+    assert sum(logged.values()) == summary["buffer"]["groups_put"] == len(prompts["stopped"])
+    rewards = scalars(resumed, "learner0", "learner/reward_mean")
+    assert sorted(rewards) == [1, 2, 3, 4]
+    assert summary["reward_by_version"] == [rewards[v] for v in (1, 2, 3, 4)]
+    assert summary["reward_first"] == summary["reward_by_version"][0]

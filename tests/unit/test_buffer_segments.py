@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from buffer import segments
-from buffer.segments import (ConsumptionLog, SegmentLog, lineage, read_consumed, read_groups, read_segments,
-                             segment_paths)
+from buffer.segments import (ConsumptionLog, SegmentLog, groups_by_actor, lineage, read_consumed, read_groups,
+                             read_segments, segment_paths)
 from distrl.wire import COMPLETION_SCHEMA
 from tests.helpers import make_group
 
@@ -163,6 +163,28 @@ def test_several_groups_in_one_append_read_back_as_groups(tmp_path):
     legacy.append(pa.concat_tables([make_group("a", group_size=2), make_group("b", group_size=3)]), 0)
     legacy.close()
     assert [g.num_rows for _, g in read_groups(tmp_path / "legacy")] == [2, 3]
+
+
+def test_groups_by_actor_counts_every_segment_and_skips_a_truncated_group(tmp_path):
+    """Per actor id, the complete groups of all segments (a restarted buffer's new segment too; a learner's
+    --learner_generates groups under its negative id; old logs without group_size alike)."""
+    assert groups_by_actor(tmp_path) == {}
+    first = SegmentLog(tmp_path, group_size=2)
+    first.append(pa.concat_tables([make_group(f"a{i}", group_size=2, actor_id=i % 2) for i in range(3)]), 0)
+    first.close()
+    second = SegmentLog(tmp_path, group_size=2, first_seq=3)
+    second.append(make_group("b", group_size=2, actor_id=1), 3)
+    second.append(make_group("c", group_size=2, actor_id=-1), 4)
+    size = second.path.stat().st_size
+    second.append(make_group("d", group_size=2, actor_id=1), 5)
+    second.close()
+    assert groups_by_actor(tmp_path) == {0: 2, 1: 3, -1: 1}
+    second.path.write_bytes(second.path.read_bytes()[:size + 5])  # a crash while "d" was written
+    assert groups_by_actor(tmp_path) == {0: 2, 1: 2, -1: 1}
+    legacy = SegmentLog(tmp_path / "legacy")
+    legacy.append(pa.concat_tables([make_group("x", group_size=2, actor_id=3), make_group("y", group_size=3)]), 0)
+    legacy.close()
+    assert groups_by_actor(tmp_path / "legacy") == {3: 1, 0: 1}
 
 
 def resident_bytes(path) -> int:
