@@ -304,6 +304,8 @@ def train(cfg: TrainConfig) -> dict:
         handles = {"buffer0": buffer, **{f"learner{r}": h for r, h in enumerate(learners)},
                    **{f"actor{i}": h for i, h in enumerate(actors)}}
         reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, handles, run_dir)
+        if console is not None:  # the last view stays; what follows is printed below it
+            console.stop()
         end_early(reason, run_dir, start, buffer_address, buffer_ref)
         if reason is not exc:  # the signal Ray turned into a plain KeyboardInterrupt, or a role's RoleFailed
             raise reason from None
