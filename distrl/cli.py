@@ -15,9 +15,10 @@ import tyro
 
 from distrl.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
 from distrl.configfile import ConfigFileError, expand_config
-from distrl.errors import NoProgress
+from distrl.errors import NoProgress, PreflightError
 from distrl.faults import RoleFailed, as_interrupted, raise_on_signals
 from distrl.logs import quiet_libraries
+from distrl.preflight import preflight
 
 # name -> (config class, "module:function" that takes the config)
 COMMANDS: dict[str, tuple[type, str]] = {
@@ -50,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
         single_arena()
     try:
+        preflight(name, cfg)  # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md)
         getattr(importlib.import_module(module), func)(cfg)
-    except (FileExistsError, FileNotFoundError) as exc:
+    except (FileExistsError, FileNotFoundError, PreflightError) as exc:
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Interrupted, or what Ray or C code made of it

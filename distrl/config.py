@@ -883,9 +883,7 @@ class EvalConfig:
             raise ValueError(f"--ks must each be in [1, --num_samples={self.num_samples}], got {list(self.ks)}")
         if self.adapter is not None and not Path(self.adapter).is_dir():
             raise ValueError(f"--adapter {self.adapter}: no such directory (expected <run_dir>/weights/vNNNNNN)")
-        local = self.dataset is not None and Path(self.dataset).suffix in (".jsonl", ".json", ".parquet")
-        if local and not Path(self.dataset).is_file():
-            raise ValueError(f"--dataset {self.dataset}: no such file")
+        # --dataset, --model, --tokenizer: checked at preflight (distrl/preflight.py), before any engine
 
     @property
     def sampling_temperature(self) -> float:

@@ -191,9 +191,27 @@ def kill_role(handle, info: dict | None) -> None:
     ray.kill(handle, no_restart=False)
 
 
-def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address: str | None, buffer_ref) -> None:
+# Failures that `distrl train --resume` cannot get past: the same config meets them again (a bad input, a
+# missing file or module, a run that cannot advance). Signals, stuck or killed roles, lost connections can.
+NOT_RESUMABLE = (ValueError, TypeError, LookupError, ImportError, FileNotFoundError, NotADirectoryError,
+                 PermissionError)
+
+
+def resumable(exc: BaseException) -> bool:
+    """Whether `--resume` may get past ``exc``, the error as Ray raised it (a role's error is an instance
+    of its cause's class): not for NOT_RESUMABLE, NoProgress or a role whose start (__init__) raised."""
+    from distrl.errors import NoProgress
+
+    if getattr(exc, "actor_init_failed", False):
+        return False
+    return not isinstance(exc, (*NOT_RESUMABLE, NoProgress))
+
+
+def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address: str | None, buffer_ref,
+              can_resume: bool = True) -> None:
     """The run ends before its last version: ask the buffer to shut down (its logs are flushed and
-    closed: every acknowledged group stays readable) and write summary.json saying why."""
+    closed: every acknowledged group stays readable) and write summary.json saying why, with the command
+    that continues it when ``can_resume`` (else what to do instead)."""
     import ray
 
     from buffer.client import BufferClient
@@ -214,10 +232,11 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
                "error": None if interrupted else f"{type(reason).__name__}: {reason}",
                "wall_s": time.time() - start, "buffer": buffer_stats,
                "last_selected_version": None if buffer_stats is None else buffer_stats.get("learner_version"),
-               "resume": f"distrl train --resume {run_dir} --max_steps N"}
+               "resume": f"distrl train --resume {run_dir} --max_steps N" if can_resume else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"\ndistrl: run ended early ({said})"
-          f"\n  run directory: {run_dir}\n  continue it:   {summary['resume']}", flush=True)
+    then = (f"continue it:   {summary['resume']}" if can_resume else
+            "fix the cause:  resuming would meet the same error; start a new run (another --run_name)")
+    print(f"\ndistrl: run ended early ({said})\n  run directory: {run_dir}\n  {then}", flush=True)
 
 
 # ---- a role's error, as the driver shows it ------------------------------------------------------

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -27,7 +28,8 @@ from pathlib import Path
 
 from distrl.config import TrainConfig, buffer_options
 from distrl.console import start_console
-from distrl.faults import as_interrupted, end_early, raise_on_signals, role_failed, watch_roles, write_role_file
+from distrl.faults import (as_interrupted, end_early, raise_on_signals, resumable, role_failed, watch_roles,
+                           write_role_file)
 from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, setup_logging
 from distrl.placement import reserve
 from distrl.report import write_report
@@ -256,11 +258,16 @@ def train(cfg: TrainConfig) -> dict:
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
     _print_start(run_dir)
-    if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
-        from learn.sft import warm_start_run
+    try:
+        if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
+            from learn.sft import warm_start_run
 
-        model_dir = warm_start_run(cfg, run_dir, model_dir)
-    owns_ray = _connect_ray(cfg)
+            model_dir = warm_start_run(cfg, run_dir, model_dir)
+        owns_ray = _connect_ray(cfg)
+    except Exception:  # no role ran: a new run's directory would only block the corrected command
+        if not cfg.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
     start = time.time()
     placement = buffer_address = buffer_ref = watchdog = console = None
@@ -306,7 +313,7 @@ def train(cfg: TrainConfig) -> dict:
         reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, handles, run_dir)
         if console is not None:  # the last view stays; what follows is printed below it
             console.stop()
-        end_early(reason, run_dir, start, buffer_address, buffer_ref)
+        end_early(reason, run_dir, start, buffer_address, buffer_ref, can_resume=resumable(exc))
         if reason is not exc:  # the signal Ray turned into a plain KeyboardInterrupt, or a role's RoleFailed
             raise reason from None
         raise

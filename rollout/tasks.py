@@ -225,12 +225,17 @@ class MathDatasetTask(Task):
         super().__init__(base_seed)
         if len(rows) == 0:
             raise ValueError(f"{self.name}: the dataset has no rows")
-        missing = [f for f in self.required_fields if f not in rows[0]]
+        missing = self.missing_fields(rows[0])
         if missing:
-            raise ValueError(f"{self.name} needs fields {list(self.required_fields)}; "
+            raise ValueError(f"{self.name} needs fields {self.missing_fields({})}; "
                              f"missing {missing}, seen {sorted(rows[0])}")
         self.rows = rows
         self.verifier = MathVerifier(verify_timeout_s)
+
+    @classmethod
+    def missing_fields(cls, row: dict) -> list[str]:
+        """The fields this task needs that `row` lacks ([]: none; ``missing_fields({})``: all it needs)."""
+        return [f for f in cls.required_fields if f not in row]
 
     @abc.abstractmethod
     def to_problem(self, row: dict, index: int) -> Problem:
@@ -281,10 +286,9 @@ class MATH500Task(MathDatasetTask):
     required_fields = ("problem",)
     group_keys = ("subject", "level")
 
-    def __init__(self, rows, base_seed=0, verify_timeout_s=5.0):
-        super().__init__(rows, base_seed, verify_timeout_s)
-        if "answer" not in rows[0] and "solution" not in rows[0]:
-            raise ValueError(f"math500 needs an 'answer' or 'solution' field, seen {sorted(rows[0])}")
+    @classmethod
+    def missing_fields(cls, row):
+        return super().missing_fields(row) + ([] if {"answer", "solution"} & set(row) else ["answer (or solution)"])
 
     def to_problem(self, row, index):
         gold = row["answer"] if "answer" in row else (last_boxed(row["solution"]) or "")
@@ -294,6 +298,40 @@ class MATH500Task(MathDatasetTask):
 
 DATASET_TASKS = {"gsm8k": GSM8KTask, "math500": MATH500Task}
 BUILTIN_TASKS = {"arith": ArithTask, "half_vocab": HalfVocabTask}
+
+
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}  # suffix -> `datasets` builder
+
+
+def first_rows(dataset: str, n: int = 1) -> list[dict] | None:
+    """The first `n` rows of a local file that :func:`load_rows` would load (.jsonl/.json/.parquet), read
+    without `datasets` and without reading the rest (preflight); None for a hub id or a folder.
+
+    Raises OSError when the file cannot be read, ValueError when it does not parse.
+    """
+    import json
+
+    path = Path(dataset).expanduser()
+    builder = LOCAL_BUILDERS.get(path.suffix)
+    if builder is None or not path.is_file():
+        return None
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        batch = next(pq.ParquetFile(path).iter_batches(batch_size=n), None)
+        return [] if batch is None else batch.to_pylist()[:n]
+    with open(path) as f:
+        head = f.read(1 << 16).lstrip()
+        f.seek(0)
+        if head.startswith("["):  # one JSON array (`datasets` reads it too)
+            return json.load(f)[:n]
+        rows = []
+        for line in f:  # JSON lines
+            if line.strip():
+                rows.append(json.loads(line))
+            if len(rows) == n:
+                break
+        return rows
 
 
 def load_rows(dataset: str, config_name: str | None = None, split: str | None = None):
@@ -307,7 +345,7 @@ def load_rows(dataset: str, config_name: str | None = None, split: str | None = 
     from datasets import load_dataset
 
     path = Path(dataset)
-    builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix)
+    builder = LOCAL_BUILDERS.get(path.suffix)
     if builder is not None:
         return load_dataset(builder, data_files=str(path), split=split or "train")
     if path.is_file():
