@@ -194,7 +194,8 @@ def refuse(fit: PromptFit, max_new_tokens: int, can_skip: bool = True) -> None:
                              f"lower --max_new_tokens or raise --max_model_len to {fit.longest + max_new_tokens}")
     if fit.long and (fit.policy == "error" or (fit.policy == "skip" and fit.long == fit.total)):
         every = "all" if fit.long == fit.total else f"{fit.long} of the"
-        raise PreflightError("--max_model_len", f"{every} {fit.total} prompts are longer as templated (up to "
+        verb = "is" if fit.long == 1 and fit.total > 1 else "are"
+        raise PreflightError("--max_model_len", f"{every} {fit.total} prompts {verb} longer as templated (up to "
                              f"{fit.longest} tokens) than the {limit} that --max_new_tokens {max_new_tokens} "
                              f"leaves under {limit + max_new_tokens}",
                              _fix(fit.longest + max_new_tokens, can_skip and fit.long < fit.total))

@@ -68,6 +68,21 @@ def test_long_prompts_are_skipped_and_counted(qwen_tiny, tmp_path):
     assert evals and all(e["num_problems"] == EVAL_SIZE - heldout_long for e in evals)  # long ones left out
 
 
+def test_long_prompts_truncated_keep_their_last_tokens(qwen_tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    run(flags(qwen_tiny, "truncate", "cut"), tmp_path)
+    run_dir = tmp_path / "cut"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] == 2 and summary["long_prompts_skipped"] == 0
+    header = AutoTokenizer.from_pretrained(str(qwen_tiny))("<|im_start|>assistant\n")["input_ids"]
+    rows = read_segments(run_dir).to_pylist()
+    assert all(len(r["prompt_ids"]) <= LIMIT and r["prompt_ids"][-len(header):] == header for r in rows)
+    cut = [r for r in rows if not r["prompt_text"].startswith("<|im_start|>system")]  # lost their start
+    assert cut and all(len(r["prompt_ids"]) == LIMIT for r in cut)
+    assert max(scalars(run_dir, "actor0", "rollout/long_prompts_truncated").values()) > 0
+
+
 def test_long_prompts_error_refuses_before_anything_starts(qwen_tiny, tmp_path):
     proc = subprocess.run(flags(qwen_tiny, "error", "refused") + ["--log_dir", str(tmp_path)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
