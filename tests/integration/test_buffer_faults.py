@@ -6,12 +6,14 @@ and consumed groups are not served again."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,60 @@ def test_sigkill_mid_stream_then_resume_loses_nothing_and_duplicates_nothing(tmp
         for proc in (first, second):
             if proc.poll() is None:
                 proc.kill()
+
+
+def learner_polls(client: BufferClient) -> bool:
+    """True when the buffer holds less than a batch and learner0 sent a request in the last 0.2 s (a
+    waiting learner GETs every 20 ms), checked 0.5 s apart by the caller."""
+    time.sleep(0.5)
+    stats = client.stats()
+    return stats["groups"] < 4 and stats["last_seen_s"].get("learner0", 1e9) < 0.2
+
+
+def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finishes(tmp_path):
+    """Separate launchers: `distrl buffer` killed (SIGKILL, by pid) while the learner waits in its GET (the
+    actor is paused meanwhile), then restarted with `--resume` on its address. The learner re-sends its GET every 2 s (BufferClient.get_resend_s), logs
+    "buffer at ADDR answered again after N s" once, and `distrl learn` and `distrl rollout` finish
+    their --max_steps and exit 0. The stall (buffer restart -> the learner's next reply) is printed."""
+    from tests.integration.test_faults import TINY, learner_version, start, stop_group, wait_until
+    from tests.integration.test_weight_transports import free_ports
+
+    buf, pub, endpoint = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
+    run_dir, learner_dir, actor_dir = tmp_path / "buffer", tmp_path / "learner" / "run", tmp_path / "actor" / "run"
+    common = [*TINY, "--run_name", "run", "--max_steps", "8", "--buffer_address", buf, "--weights_transport", "zmq"]
+    buffer = ["buffer", "--address", buf, "--batch_size", "4", "--group_size", "4", "--max_staleness", "1",
+              "--prefault_bytes", "0"]
+    procs = {"buffer": start([*buffer, "--run_dir", str(run_dir)], tmp_path / "buffer.out")}
+    procs["learner"] = start(["learn", *common, "--log_dir", str(learner_dir.parent), "--weights_pub_bind", pub,
+                              "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
+    procs["actor"] = start(["rollout", *common, "--log_dir", str(actor_dir.parent), "--weights_pub", pub,
+                            "--weights_endpoint", endpoint], tmp_path / "actor.out")
+    try:
+        wait_until(lambda: learner_version(learner_dir) >= 2, 300, "learner version 2", procs["learner"],
+                   tmp_path / "learner.out")
+        os.killpg(procs["actor"].pid, signal.SIGSTOP)  # no new groups: the learner soon waits in its GET
+        with BufferClient(buf, "test", timeout_s=10) as client:
+            wait_until(lambda: learner_polls(client) and learner_polls(client), 120, "the learner waiting in GET")
+        os.kill(procs["buffer"].pid, signal.SIGKILL)  # with the learner's last GET: it is never answered
+        assert procs["buffer"].wait(timeout=30) == -signal.SIGKILL
+        at_kill = learner_version(learner_dir)
+        time.sleep(3)  # the learner's GETs go unanswered meanwhile
+        procs["buffer"] = start([*buffer, "--resume", str(run_dir)], tmp_path / "buffer2.out")
+        os.killpg(procs["actor"].pid, signal.SIGCONT)
+        assert procs["learner"].wait(timeout=300) == 0, (tmp_path / "learner.out").read_text()[-4000:]
+        assert procs["actor"].wait(timeout=120) == 0, (tmp_path / "actor.out").read_text()[-4000:]
+        assert learner_version(learner_dir) == 8 > at_kill
+    finally:
+        for p in procs.values():
+            stop_group(p)
+    learner_log = (learner_dir / "logs" / "learner0.log").read_text()
+    (answered,) = re.findall(rf"^(\S+ \S+) buffer\.client INFO buffer at {re.escape(buf)} answered again after "
+                             rf"([\d.]+) s \(GET sent (\d+) times\)$", learner_log, re.M)
+    served = re.findall(r"^(\S+ \S+) buffer\.server INFO buffer serving at", (run_dir / "logs" / "buffer.log").read_text(),
+                        re.M)
+    assert len(served) == 2  # the first buffer and the restarted one
+    stamp = lambda text: datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
+    stall = (stamp(answered[0]) - stamp(served[1])).total_seconds()
+    print(f"\nbuffer killed at learner version {at_kill}; the learner's GET went unanswered {answered[1]} s "
+          f"({answered[2]} sends); its next reply came {stall:.2f} s after the restarted buffer served")
+    assert "no reply from buffer" not in learner_log  # under timeout_s (60 s): no warning, one info line
