@@ -7,7 +7,9 @@ The roles are thin Ray actors around the plain classes (`buffer.server.BufferSer
             -> RolloutRole x A -> run all -> learners finish max_steps -> STOP -> actors exit
             -> SHUTDOWN buffer -> summary
 
-Any role that raises ends the run: the driver re-raises its error after shutting the others down.
+Any role that raises ends the run: after shutting the others down the driver raises its error as
+`faults.RoleFailed` (the message, the last frames, its log file). Roles log to `<run_dir>/logs/<role>.log`
+only (`distrl.logs`); the terminal shows the driver's start-up lines and its live view or progress lines.
 Faults (docs/faults.md): Ray restarts a dead rollout actor (--max_actor_restarts), which rejoins; a
 watchdog reads the buffer's last-seen times and restarts a stuck actor or ends the run on a stuck
 learner or buffer (--heartbeat_timeout_s); SIGINT/SIGTERM flush the buffer, write summary.json
@@ -30,7 +32,7 @@ from distrl.config import TrainConfig, buffer_options
 from distrl.console import start_console
 from distrl.faults import (as_interrupted, end_early, raise_on_signals, resumable, role_failed, watch_roles,
                            write_role_file)
-from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, setup_logging
+from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, set_stderr_level, setup_logging
 from distrl.placement import reserve
 from distrl.report import write_report
 
@@ -257,7 +259,9 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
-    _print_start(run_dir)
+    _print_start(run_dir, 0 if cfg.resume else cfg.warm_start_steps)
+    if cfg.console and sys.stderr.isatty():  # the terminal is the live view's: driver INFO lines to driver.log
+        set_stderr_level(logging.WARNING)
     try:
         if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
             from learn.sft import warm_start_run
@@ -359,10 +363,13 @@ def _checkpoint_version(run_dir: Path) -> int:
     return json.loads(states[-1].read_text())["version"] if states else 0
 
 
-def _print_start(run_dir: Path) -> None:
+def _print_start(run_dir: Path, warm_start_steps: int) -> None:
     """The driver's start-up lines on stderr: where the run and its logs are (roles print nothing)."""
     print(f"distrl train: run directory {run_dir}\n  role logs:   {run_dir}/logs/<role>.log (driver, buffer0, "
           f"learner0, actor0, ...)\n  TensorBoard: tensorboard --logdir {run_dir}/tb", file=sys.stderr, flush=True)
+    if warm_start_steps:
+        print(f"  warm start:  up to {warm_start_steps} supervised steps first (progress in logs/driver.log)",
+              file=sys.stderr, flush=True)
 
 
 def _print_summary(s: dict) -> None:
