@@ -45,7 +45,8 @@ def check_resume(cfg) -> None:
                              "give the directory of a run that distrl train started (<log_dir>/<run_name>)")
     dropped = dropped_by_resume(cfg, json.loads((run_dir / "config.json").read_text()))
     if dropped:
-        raise PreflightError("--resume", f"would ignore {' '.join(dropped)} (a resumed run keeps its config)",
+        flags = " ".join(dropped)
+        raise PreflightError("--resume", f"would ignore {flags} (a resumed run keeps its config)",
                              "drop them (only --max_steps may change), or start a new run with them")
 
 

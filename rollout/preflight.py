@@ -81,8 +81,23 @@ def check_temperature(engine: str, temperature: float, eval_temperature: float =
 
 
 def check_prompts(cfg) -> None:
-    """Every prompt, as templated, fits the context (``--long_prompts``; `rollout/prompt_fit.py`)."""
-    # TODO(issue 16): call rollout.prompt_fit.check_prompt_lengths(cfg) once that module lands
+    """The task loads (a hub dataset: from the hub, or its cache when offline) and its prompts, as
+    templated, fit the context under ``--long_prompts`` (:func:`rollout.prompt_fit.check_prompt_lengths`).
+    `cfg`: a TrainConfig, RolloutConfig or EvalConfig."""
+    from rollout.prompt_fit import check_prompt_lengths
+    from rollout.tasks import DEFAULT_DATASETS, load_task
+
+    try:
+        task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, split=getattr(cfg, "split", None),
+                         arith_ops=tuple(cfg.arith_ops), arith_max_operand=cfg.arith_max_operand)
+    except (OSError, ValueError) as exc:  # what `datasets` raises: offline, no such hub dataset, a bad file
+        dataset = cfg.dataset or DEFAULT_DATASETS.get(cfg.task)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise PreflightError("--dataset", f"{dataset}: cannot be loaded ({reason})",
+                             "check the hub id (with HF_DATASETS_OFFLINE=1 it must be in the cache) or give a "
+                             "local .jsonl or .parquet file") from None
+    task.set_prompt(cfg.prompt_template, cfg.chat_template)
+    check_prompt_lengths(cfg, task=task)
 
 
 def check(cfg) -> None:
