@@ -235,7 +235,7 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
                "resume": f"distrl train --resume {run_dir} --max_steps N" if can_resume else None}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     then = (f"continue it:   {summary['resume']}" if can_resume else
-            "fix the cause:  resuming would meet the same error; start a new run (another --run_name)")
+            "fix the cause: resuming would meet the same error; start a new run (another --run_name)")
     print(f"\ndistrl: run ended early ({said})\n  run directory: {run_dir}\n  {then}", flush=True)
 
 
