@@ -758,7 +758,8 @@ class _ReplaySource:
     log_dir: str = "runs"
     """Parent directory of the replay run directory (config.json, consumed.jsonl, weights/, tb/)."""
     model: Optional[str] = None
-    """Model to train (unset: the source run's; its `model/` directory when it was `tiny`)."""
+    """Hub id or directory of the weights to train from (unset: those the source run started from: its
+    `warm_start/` after --warm_start_steps, its built `model/` when it was `tiny`, else its --model)."""
     train_config: Optional[str] = None
     """A TrainConfig JSON file for every other learner option (unset: the source's config.json)."""
     max_steps: Optional[int] = None

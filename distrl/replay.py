@@ -34,6 +34,11 @@ from distrl.config import ReplayConfig, SelectionOptions, TrainConfig
 
 log = logging.getLogger("distrl.replay")
 OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed")
+GAP_TAG = "learner/logprob_mismatch_mean_abs"  # mean |learner - behavior logprob| per token, nats
+# The first replayed version's GAP_TAG above this (nats per token) means another base model: the same weights
+# give ~1e-6 in float32 and ~1e-2 between bf16 engines and learners; a step at usual learning rates moves far less
+# than 0.1, and a wrong base model gives ~1-3.5 (the tiny model before its warm start: 3.3-3.5).
+BASE_MODEL_GAP_NATS = 0.1
 
 
 def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
@@ -54,15 +59,38 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
 
 
 def model_dir(cfg: ReplayConfig, train: TrainConfig, out_dir: Path) -> str:
-    """The model to train: --model, else the source run's (its built `model/` directory for `tiny`)."""
-    if train.model != "tiny":
-        return train.model
-    built = Path(cfg.source) / "model"
-    if cfg.model is None and (built / "config.json").is_file():
-        return str(built)
+    """The model to train from, logged: --model if given, else the weights the source run started from
+    (:func:`distrl.trainer.base_model_dir`: its warm start, its built tiny model, or its --model). A
+    `tiny` whose built `model/` is not there (or ``--model tiny``) is built anew from the seed."""
+    from distrl.trainer import base_model_dir
+
+    if cfg.model is None:
+        base = base_model_dir(cfg.source, train.model)
+        if train.model != "tiny" or (Path(base) / "config.json").is_file():
+            log.info("replay starts from %s: the weights the source run started from", base)
+            return base
+    elif cfg.model != "tiny":
+        log.info("replay starts from --model %s", cfg.model)
+        return cfg.model
     from distrl.tiny import build_tiny_model
 
+    log.info("replay starts from a new tiny model (seed %d)", train.seed)
     return str(build_tiny_model(out_dir / "model", seed=train.seed))
+
+
+def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
+    """``(version, gap)``: the mean |learner - behavior| logprob per token (nats) of the first version that
+    measured it (a version without signal skips its forward), None if none did; with a warning when it
+    exceeds BASE_MODEL_GAP_NATS: the replay's base model is then not the one that generated the log, and
+    the importance ratios and the training are wrong."""
+    from distrl.report import read_scalars
+
+    series = read_scalars(tb_dir, (GAP_TAG,)).get(GAP_TAG, [])
+    if series and series[0][1] > BASE_MODEL_GAP_NATS:
+        log.warning("replay: version %d's behavior-vs-learner logprob gap is %.3g nats per token, above %g (bf16 "
+                    "rounding gives ~1e-2, float32 ~1e-6): the model replayed from is not the one that generated "
+                    "the log; give the right one with --model", *series[0], BASE_MODEL_GAP_NATS)
+    return series[0] if series else None
 
 
 def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tuple[int, int]:
@@ -109,9 +137,12 @@ def replay(cfg: ReplayConfig) -> dict:
     (out_dir / "replay.json").write_text(json.dumps({**dataclasses.asdict(cfg), "planned_versions": versions,
                                                       "log_groups": groups}, indent=2))
     start = time.time()
-    result = _train(cfg, train, model_dir(cfg, train, out_dir), out_dir, restamp)
+    model = model_dir(cfg, train, out_dir)
+    result = _train(cfg, train, model, out_dir, restamp)
     history = result["history"]
+    gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
     summary = {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
+               "model": model, "first_logprob_gap": gap, "first_logprob_gap_version": gap_version,
                "log_groups": groups, "staleness_model": cfg.staleness_model, "replay_ratio": train.replay_ratio,
                "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
                "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
@@ -119,6 +150,8 @@ def replay(cfg: ReplayConfig) -> dict:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"\ndistrl replay: {summary['versions']} versions from {groups} logged groups in {summary['wall_s']:.1f}s "
           f"(staleness model {cfg.staleness_model}, replay ratio {train.replay_ratio})\n"
+          f"  started from: {model} (logprob gap {'-' if gap is None else f'{gap:.2e}'} nats/token "
+          f"at version {gap_version})\n"
           f"  staleness max by version: {summary['staleness_max_by_version']}\n"
           f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
     return summary

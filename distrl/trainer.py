@@ -69,10 +69,17 @@ def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
     saved.update(max_steps=cfg.max_steps, resume=str(run_dir), log_dir=str(run_dir.parent), run_name=run_dir.name)
     resumed = TrainConfig(**saved)
     (run_dir / "config.json").write_text(resumed.to_json())
-    model_dir = str(run_dir / "model") if resumed.model == "tiny" else resumed.model
+    return resumed, run_dir, base_model_dir(run_dir, resumed.model)
+
+
+def base_model_dir(run_dir: str | Path, model: str) -> str:
+    """The weights run ``run_dir`` started from (its policy version 0), given its ``--model``: its
+    ``warm_start/`` after ``--warm_start_steps``, else its built ``model/`` for ``tiny``, else ``model`` (a
+    hub id or directory). `distrl train --resume` and `distrl replay` both start from it."""
+    run_dir = Path(run_dir)
     if (run_dir / "warm_start" / "config.json").is_file():  # --warm_start_steps: the run's base model
-        model_dir = str(run_dir / "warm_start")
-    return resumed, run_dir, model_dir
+        return str(run_dir / "warm_start")
+    return str(run_dir / "model") if model == "tiny" else model
 
 
 def _free_port(host: str) -> int:

@@ -93,3 +93,27 @@ def test_replay_restamp_with_replay_ratio_two_reuses_every_group(source_run):
     assert len(expected) > groups // 4  # more versions than the log has batches: groups were reused
     assert {x for s in expected for x in s} >= {0, 3} and max(max(s) for s in expected) <= 3
     check_tensorboard(out, expected)
+
+
+def test_replay_of_a_warm_started_run_starts_from_its_warm_start(tmp_path):
+    """A run warm-started for a few steps: the replay starts from `<run>/warm_start` (and says so), so the first
+    version's behavior-vs-learner logprob gap is at the float32 level; told to start from the pre-warm-start
+    model instead, it warns that the gap is far above the bf16 level."""
+    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "train", "--model", "tiny", "--task", "arith",
+                           "--warm_start_steps", "5", "--warm_start_lr", "1e-2", "--warm_start_batch_size", "16",
+                           "--engine", "hf", "--max_steps", "3", "--batch_size", "4", "--group_size", "4",
+                           "--max_new_tokens", "5", "--no_console", "--log_dir", str(tmp_path), "--run_name", "ws"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    source = tmp_path / "ws"
+    flags = ("--replay_ratio", "2", "--staleness_model", "restamp", "--max_steps", "3")
+    out = replay(source, "right", *flags)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == str(source / "warm_start")
+    assert "replay starts from " + str(source / "warm_start") in (out / "logs" / "replay.log").read_text()
+    assert summary["first_logprob_gap"] < 1e-3, summary  # float32 on CPU: ~1e-7
+    assert "logprob gap" not in (out / "logs" / "replay.log").read_text()
+    wrong = replay(source, "wrong", *flags, "--model", str(source / "model"))
+    assert json.loads((wrong / "summary.json").read_text())["first_logprob_gap"] > 0.1
+    assert "the model replayed from is not the one that generated the log" in (
+        wrong / "logs" / "replay.log").read_text()
