@@ -105,7 +105,8 @@ class LiveConsole:
         def fmt(tag: str, spec: str) -> str:
             return format(learner[tag], spec) if tag in learner else "-"
 
-        return (f"distrl: version {stats['learner_version']}/{self.max_steps}  reward {fmt('learner/reward_mean', '.3f')}"
+        return (f"distrl: version {stats['learner_version']}/{self.max_steps}"
+                f"  reward {fmt('learner/reward_mean', '.3f')}"
                 f"  staleness {fmt('learner/staleness_mean', '.2f')}/{fmt('learner/staleness_max', '.0f')}"
                 f"  buffer rows {stats['rows']}  groups put {stats['groups_put']}"
                 f"  [{time.time() - self.start_time:.0f} s]")

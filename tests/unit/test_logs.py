@@ -38,10 +38,11 @@ def test_short_error_keeps_the_message_and_the_innermost_frames():
 def test_short_error_cuts_a_long_message_and_reads_an_error_without_frames():
     long = RAY_TRACEBACK.replace("reward failed on purpose", "a\n" + "\n".join(f"detail {i}" for i in range(100)))
     lines = _short_error(long)
-    assert lines[-1] == f"... ({100 - ROLE_ERROR_LINES} more lines in the log)" and len(lines) == 5 + ROLE_ERROR_LINES + 1
+    assert lines[-1] == f"... ({100 - ROLE_ERROR_LINES} more lines in the log)"
+    assert len(lines) == 5 + ROLE_ERROR_LINES + 1  # message, 2 frames (4 lines), the cut message, "... more"
     died = "The actor died unexpectedly before finishing this task.\n\tclass_name: RolloutRole\n\tpid: 7\n"
-    assert _short_error(died) == ["The actor died unexpectedly before finishing this task.", "\tclass_name: RolloutRole",
-                                  "\tpid: 7"]
+    assert _short_error(died) == ["The actor died unexpectedly before finishing this task.",
+                                  "\tclass_name: RolloutRole", "\tpid: 7"]
 
 
 def test_quiet_libraries_drops_the_known_harmless_messages(caplog):
