@@ -349,7 +349,8 @@ def train(cfg: TrainConfig) -> dict:
                "train_wall_s": time.time() - start, "gpu_ids": gpu_ids,
                "learner_generated": [_logged_groups(r.get("generated"), logged) for r in learner_results],
                "actors": [_logged_groups(a, logged) for a in actor_results], "buffer": buffer_stats,
-               "long_prompts_skipped": sum(a.get("long_prompts_skipped", 0) for a in actor_results),
+               "long_prompts_skipped": sum((a or {}).get("long_prompts_skipped", 0)  # actors, --learner_generates
+                                           for a in actor_results + [r.get("generated") for r in learner_results]),
                "reward_by_version": [reward for _, reward in reward_series(run_dir)]}  # versions 1.., resumes too
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)

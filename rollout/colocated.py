@@ -86,8 +86,9 @@ class LearnerGenerator(RolloutActor):
         return True
 
     def summary(self) -> dict:
-        """``{name, actor_id, groups, generate_s}`` so far."""
-        return {"name": self.name, "actor_id": self.actor_id, "groups": self.groups, "generate_s": self.generate_s}
+        """``{name, actor_id, groups, generate_s, long_prompts_skipped}`` so far."""
+        return {"name": self.name, "actor_id": self.actor_id, "groups": self.groups, "generate_s": self.generate_s,
+                "long_prompts_skipped": self.long_prompts.skipped}
 
     def close(self) -> None:
         self.metrics.close()
