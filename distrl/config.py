@@ -324,7 +324,8 @@ class _RunOptions:
     lr_warmup_steps: int = 0
     """Versions of linear warm-up from --learning_rate / lr_warmup_steps to --learning_rate."""
     lora_rank: int = 16
-    """LoRA rank r."""
+    """LoRA rank r (default 16). Any rank up to 512 works with `--engine vllm`: its engine loads adapters up
+    to the next rank vLLM accepts (1, 8, 16, 32, 64, 128, 256, 320, 512; 48 gets 64)."""
     lora_alpha: int = 32
     """LoRA alpha (scale = alpha / r)."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
