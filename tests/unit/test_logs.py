@@ -52,7 +52,11 @@ def test_quiet_libraries_drops_the_known_harmless_messages(caplog):
         logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton")
         logging.getLogger("torch.utils._pytree").warning("<enum 'KernelPreference'> is an Enum subclass")
         logging.getLogger("distrl.actor").info("actor0: switched from policy version 0 to 1")
-    assert [r.getMessage() for r in caplog.records] == ["actor0: switched from policy version 0 to 1"]
+        for _ in range(3):  # once
+            logging.getLogger("vllm.v1.worker.cpu_worker").warning(
+                "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
+    assert [r.getMessage()[:30] for r in caplog.records] == ["actor0: switched from policy v",
+                                                             "CPU backend doesn't allow to u"]
 
 
 def test_a_role_writes_everything_to_its_log_file_and_nothing_to_the_terminal(tmp_path):
