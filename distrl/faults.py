@@ -217,7 +217,8 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
     from buffer.client import BufferClient
 
     interrupted = reason.signum if isinstance(reason, Interrupted) else None
-    said = f"interrupted by {reason}" if interrupted else f"{type(reason).__name__}: {reason}".splitlines()[0]
+    named = str(reason) if isinstance(reason, RoleFailed) else f"{type(reason).__name__}: {reason}"  # names itself
+    said = f"interrupted by {reason}" if interrupted else named.splitlines()[0]
     log.error("run ends early: %s", said)
     buffer_stats = None
     if buffer_address is not None:
