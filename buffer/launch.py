@@ -17,9 +17,9 @@ from pathlib import Path
 
 from buffer.server import BufferServer
 from distrl.config import BufferConfig, buffer_options
+from distrl.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
-LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 def run(cfg: BufferConfig) -> dict:

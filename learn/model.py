@@ -26,16 +26,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from distrl.dtypes import resolve_dtype
+
 log = logging.getLogger("distrl.learner")
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """`auto` is float32 on CPU and bfloat16 on GPU."""
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, name)
 
 
 def load_policy(model: str, dtype: str, lora_rank: int = 16, lora_alpha: int = 32, max_seq_length: int = 2048,

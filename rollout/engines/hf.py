@@ -30,18 +30,12 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
+from distrl.dtypes import resolve_dtype
 from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 from rollout.engines.hf_fast import StaticSampler, supports_static
-
-INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
 from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights, read_safetensors
 
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """``auto`` is float32 on CPU and bfloat16 on GPU; otherwise the torch dtype of that name."""
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, name)
+INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
 
 
 class HFEngine(Engine):
