@@ -40,7 +40,21 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+
+@dataclasses.dataclass
+class Problem:
+    """One problem instance: ``prompt_id`` is stable across epochs and actors; ``gold`` is the final answer.
+
+    Tasks (`rollout.tasks`) yield it; rewards, a user's ``--reward`` function included, read it.
+    """
+
+    prompt_id: str
+    question: str
+    gold: str
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # 1,234,567.5 | 1234.5 | .5, each with an optional sign.
@@ -436,8 +450,6 @@ def _serve() -> None:
 
 def _serve_user(spec: str) -> None:
     """Child process of UserReward: ``{text, problem}`` in, ``{reward, components}`` or ``{error}`` out."""
-    from rollout.tasks import Problem
-
     fn = load_reward_function(spec)
 
     def handle(request: dict) -> dict:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import abc
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rollout.rewards import MathVerifier, half_vocab_fraction, integer_answer, integer_match, last_boxed
+from rollout.rewards import (MathVerifier, Problem, half_vocab_fraction, integer_answer, integer_match,
+                             last_boxed)
 
 BOXED_INSTRUCTION = "Reason step by step, and put your final answer within \\boxed{}."
 
@@ -34,16 +34,6 @@ BOXED_INSTRUCTION = "Reason step by step, and put your final answer within \\box
 HUB_DEFAULTS = {"openai/gsm8k": ("main", "train"), "gsm8k": ("main", "train"),
                 "HuggingFaceH4/MATH-500": (None, "test")}
 DEFAULT_DATASETS = {"gsm8k": "openai/gsm8k", "math500": "HuggingFaceH4/MATH-500"}
-
-
-@dataclass
-class Problem:
-    """One problem instance: ``prompt_id`` is stable across epochs and actors; ``gold`` is the final answer."""
-
-    prompt_id: str
-    question: str
-    gold: str
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Task(abc.ABC):

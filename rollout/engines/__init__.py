@@ -1,10 +1,37 @@
 """Generation engines behind one interface (:class:`Engine`): vLLM (:mod:`.vllm`) and transformers (:mod:`.hf`).
 
 Importing this package is cheap: a backend imports vLLM or transformers only when it is built.
+:func:`make_engine` lives here, above the backends, so that ``base`` imports none of them (no import cycle).
 """
 
-from rollout.engines.base import ENGINES, FORMATS, Completion, Engine, PromptResult, make_engine
+from rollout.engines.base import ENGINES, FORMATS, Completion, Engine, PromptResult
 from rollout.engines.vllm import VLLMEngine, cpu_engine_env
 
 __all__ = ["ENGINES", "FORMATS", "Completion", "Engine", "PromptResult", "VLLMEngine", "cpu_engine_env",
            "make_engine"]
+
+
+def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
+                max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False) -> Engine:
+    """The generation engine of ``kind`` (``--engine``): ``vllm`` or ``hf``.
+
+    Args:
+        kind: ``vllm`` (vLLM's offline LLM, in-process) or ``hf`` (transformers).
+        model: hub id or directory of the causal LM (version 0).
+        tokenizer: another tokenizer's hub id or directory (default: the model's).
+        dtype: torch dtype name; ``auto`` is float32 on CPU and bfloat16 on GPU.
+        max_lora_rank: largest LoRA rank vLLM will load (unused by ``hf`` and with ``merge_lora``).
+        max_model_len: prompt + completion limit in tokens (default: the model's).
+        seed: sampling seed of the engine.
+        merge_lora: load LoRA versions by merging them into the base weights (W + B A alpha/r) and
+            loading the result as full weights, for engines without LoRA support.
+    Raises:
+        ValueError: an unknown ``kind``.
+    """
+    if kind == "vllm":
+        return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora)
+    if kind == "hf":
+        from rollout.engines.hf import HFEngine
+
+        return HFEngine(model, tokenizer, dtype, max_model_len, seed, merge_lora=merge_lora)
+    raise ValueError(f"unknown engine {kind!r}; expected one of {ENGINES}")

@@ -8,7 +8,7 @@ temperature. ``load_weights`` switches to a newer version between generate calls
 of one call comes from one version.
 
 Backends, one file each: :mod:`.vllm` (vLLM's offline ``LLM``) and :mod:`.hf` (transformers, for
-machines without vLLM). :func:`make_engine` picks one from ``--engine``.
+machines without vLLM). :func:`rollout.engines.make_engine` picks one from ``--engine``.
 """
 
 from __future__ import annotations
@@ -129,30 +129,3 @@ class Engine(ABC):
         if version <= self.version:
             raise ValueError(f"policy version {version} is not newer than the served version {self.version}")
 
-
-def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
-                max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False) -> Engine:
-    """The generation engine of ``kind`` (``--engine``): ``vllm`` or ``hf``.
-
-    Args:
-        kind: ``vllm`` (vLLM's offline LLM, in-process) or ``hf`` (transformers).
-        model: hub id or directory of the causal LM (version 0).
-        tokenizer: another tokenizer's hub id or directory (default: the model's).
-        dtype: torch dtype name; ``auto`` is float32 on CPU and bfloat16 on GPU.
-        max_lora_rank: largest LoRA rank vLLM will load (unused by ``hf`` and with ``merge_lora``).
-        max_model_len: prompt + completion limit in tokens (default: the model's).
-        seed: sampling seed of the engine.
-        merge_lora: load LoRA versions by merging them into the base weights (W + B A alpha/r) and
-            loading the result as full weights, for engines without LoRA support.
-    Raises:
-        ValueError: an unknown ``kind``.
-    """
-    if kind == "vllm":
-        from rollout.engines.vllm import VLLMEngine
-
-        return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora)
-    if kind == "hf":
-        from rollout.engines.hf import HFEngine
-
-        return HFEngine(model, tokenizer, dtype, max_model_len, seed, merge_lora=merge_lora)
-    raise ValueError(f"unknown engine {kind!r}; expected one of {ENGINES}")
