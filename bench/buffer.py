@@ -309,7 +309,8 @@ def run_all(a, n: int, k: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="distrl-bench-")
     raw_args = [sys.executable, __file__, "--raw-server"]
     procs = [start([*raw_args, str(ports[0])]),
-             buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"), buffer_process(ports[2], f"{tmp}/never", n, k, "never"),
+             buffer_process(ports[1], f"{tmp}/batch", n, k, "batch"),
+             buffer_process(ports[2], f"{tmp}/never", n, k, "never"),
              start([*raw_args, str(ports[3]), "--raw-mode", "hold"]),
              start([*raw_args, str(ports[4]), "--raw-mode", "hold_write", "--raw-log", f"{tmp}/raw.log"]),
              start([*raw_args, str(ports[5]), "--raw-mode", "ring"]),
@@ -317,11 +318,13 @@ def run_all(a, n: int, k: int) -> dict:
     raw, buf, nosync, hold, hold_write, ring, cold = (f"tcp://127.0.0.1:{p}" for p in ports)
     versions = dict.fromkeys((buf, nosync, cold), 0)  # each buffer's next learner version
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
-         "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "cold": [], "raw_single": [], "buffer_single": [], "cpu_raw": [],
+         "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "cold": [], "raw_single": [],
+         "buffer_single": [], "cpu_raw": [],
          "cpu_buffer": [], **probe}
     pids = {"raw": procs[0].pid, "buffer": procs[1].pid}
     try:
-        for address in (raw, buf, nosync, hold, hold_write, ring, cold):  # warm up (first Arrow calls import lazily): not timed
+        # warm up (first Arrow calls import lazily): not timed
+        for address in (raw, buf, nosync, hold, hold_write, ring, cold):
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
         for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
             groups = make_groups(2 * a.round_groups, n, completion_len=256, prompt_len=128, tag=f"r{i}-")
@@ -400,7 +403,8 @@ def report(r: dict, n: int) -> None:
            for key in ("raw", "buffer") if r[f"cpu_{key}"] and r[f"cpu_{key}"][0]}
     if cpu:
         print(f"\nserver CPU per {per}-group message, microseconds (user + system, medians): "
-              + "; ".join(f"{key}: " + ", ".join(f"{role} {us:.0f}" for role, us in c.items()) for key, c in cpu.items()))
+              + "; ".join(f"{key}: " + ", ".join(f"{role} {us:.0f}" for role, us in c.items())
+                          for key, c in cpu.items()))
         print(f"(one extra pass of {r['prof_groups']} groups to each server, its time not counted above)")
     print(f"\nbuffer --fsync batch vs raw ZeroMQ holding + appending to a file (the same bytes kept and logged): "
           f"{med['buffer'] / med['raw_hold_write']:.2f}")
@@ -410,7 +414,8 @@ def report(r: dict, n: int) -> None:
           f"completions (holding {r['held_rows']:,}): p50 {r['get_p50_ms']:.2f} ms, p99 {r['get_p99_ms']:.2f} ms")
     out = {"ingest_vs_raw_zmq": round(ratio, 3), "get_p50_ms": round(r["get_p50_ms"], 3),
            "get_p99_ms": round(r["get_p99_ms"], 3), "ingest_mb_s": round(med["buffer"] / 1e6, 1),
-           "ray_baseline_ratio": round(med["buffer"] / r["ray"], 2) if r["ray"] else None, "ingest_rows_s": round(med["buffer"] / row_bytes),
+           "ray_baseline_ratio": round(med["buffer"] / r["ray"], 2) if r["ray"] else None,
+           "ingest_rows_s": round(med["buffer"] / row_bytes),
            "groups_per_put": per, "raw_zmq_mb_s": round(med["raw"] / 1e6, 1),
            "ingest_vs_raw_zmq_one_group_per_put": round(ratio_single, 3),
            "ingest_mb_s_one_group_per_put": round(med["buffer_single"] / 1e6, 1),
@@ -421,7 +426,8 @@ def report(r: dict, n: int) -> None:
            "ingest_mb_s_no_prefault": round(med["cold"] / 1e6, 1),
            "ingest_vs_raw_zmq_no_prefault": round(ratio_cold, 3),
            "ingest_vs_raw_zmq_holding_writing": round(med["buffer"] / med["raw_hold_write"], 3),
-           "fresh_memory_gb_s": round(r["fresh_memory_gb_s"], 2), "recycled_memory_gb_s": round(r["recycled_memory_gb_s"], 2),
+           "fresh_memory_gb_s": round(r["fresh_memory_gb_s"], 2),
+           "recycled_memory_gb_s": round(r["recycled_memory_gb_s"], 2),
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
            "completions_held_at_get": r["held_rows"], "window": r["window"],
            "server_cpu_us_per_put": {key: {role: round(us) for role, us in c.items()} for key, c in cpu.items()},

@@ -600,7 +600,8 @@ def main(argv=None) -> int:
     needs_model = any(c in ("mfu", "async", "trl", "colocated", "headcheck") for c in args.cases.split(","))
     model_dir = build_model(args.arch, args.tokenizer, Path(args.work) / f"model-{args.arch}") if needs_model else None
     cases = {"mfu": ("learner_mfu", case_mfu), "async": ("async", case_async), "trl": ("trl", case_trl),
-             "colocated": ("colocated", case_colocated), "headcheck": ("head_check", case_headcheck), "generate": ("generate", case_generate)}
+             "colocated": ("colocated", case_colocated), "headcheck": ("head_check", case_headcheck),
+             "generate": ("generate", case_generate)}
     for name in args.cases.split(","):
         key, fn = cases[name]
         t0 = time.time()

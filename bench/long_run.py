@@ -87,13 +87,13 @@ def report(result: dict, window: int = 20) -> str:
              f"{MISMATCH_BOUND}); max single-token |diff|: {k['mismatch_max_abs_max']:.3f}. Reward: first 10 "
              f"versions {k['reward_first10']:.3f}, last 10 {k['reward_last10']:.3f}. Versions skipped for lack of "
              f"signal (all advantages zero): {k['skipped_versions']}.", "",
-             f"| versions | reward | entropy (min) | mean \\|logp-behavior\\| (max) | k3 (max) | grad norm (max) | "
-             f"clip frac | KL to ref | staleness | lr | skipped |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| versions | reward | entropy (min) | mean \\|logp-behavior\\| (max) | k3 (max) | grad norm (max) | "
+             "clip frac | KL to ref | staleness | lr | skipped |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     versions = sorted(c["reward_mean"])
     for start in range(0, len(versions), window):
         vs = versions[start:start + window]
 
-        def w(tag, f=mean):
+        def w(tag, f=mean, vs=vs):
             return f([c[tag][v] for v in vs if v in c[tag]] or [float("nan")])
         lines.append(f"| {vs[0]}-{vs[-1]} | {w('reward_mean'):.3f} | {w('entropy'):.3f} ({w('entropy', min):.3f}) | "
                      f"{w('logprob_mismatch_mean_abs'):.4f} ({w('logprob_mismatch_mean_abs', max):.4f}) | "

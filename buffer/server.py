@@ -102,7 +102,8 @@ class Exhausted(RuntimeError):
 
 
 ERROR_CODES = ((wire.VersionError, "version"), (wire.WireError, "malformed"), (Unsupported, "unsupported"),
-               (BufferFull, "full"), (Exhausted, "exhausted"), (NoProgress, "no_progress"), ((ValueError, KeyError, TypeError), "invalid"))
+               (BufferFull, "full"), (Exhausted, "exhausted"), (NoProgress, "no_progress"),
+               ((ValueError, KeyError, TypeError), "invalid"))
 
 
 def bindable(address: str) -> str:
@@ -151,7 +152,8 @@ class BufferServer:
                  retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, prefault_bytes: int = 0,
                  dedup_window: int = DEDUP_WINDOW, max_filtered_groups: int = MAX_FILTERED_GROUPS,
                  poll_ms: int = 50,
-                 resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None, restamp: bool = False,
+                 resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None,
+                 restamp: bool = False,
                  curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
         if not resume and replay_from is None and segment_paths(run_dir):
             raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "

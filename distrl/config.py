@@ -110,8 +110,8 @@ class StorageOptions:
     """When the logs reach the disk. Every write is flushed to the OS before its reply (a killed buffer
     loses nothing). `always`: fsync each group and each consumption record before replying. `batch`:
     the commit thread writes every group accepted since its last commit and fsyncs the segment log
-    once, before any of their ACKs (an ACK still means on disk), and the consumption log within a second. `never`: leave it to the OS (a
-    power loss may lose acknowledged groups)."""
+    once, before any of their ACKs (an ACK still means on disk), and the consumption log within a second.
+    `never`: leave it to the OS (a power loss may lose acknowledged groups)."""
     max_rows: int = 1_000_000
     """Completions the buffer holds in memory (whole groups; top-k is cut when a batch is taken); when
     full, credits stop and PUTs are refused."""

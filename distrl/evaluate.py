@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k of one problem with `n` samples, `c` of them correct: ``1 - C(n-c, k) / C(n, k)``.
 

@@ -127,7 +127,8 @@ def replay(cfg: ReplayConfig) -> dict:
     versions, groups = plan_versions(train, cfg.source, restamp)
     if versions == 0:
         raise ValueError(f"the log of {cfg.source} ({groups} groups) cannot feed one version of {train.batch_size} "
-                         f"groups with max_staleness={train.max_staleness} under --staleness_model {cfg.staleness_model}")
+                         f"groups with max_staleness={train.max_staleness} under --staleness_model "
+                         f"{cfg.staleness_model}")
     if cfg.max_steps is not None and cfg.max_steps > versions:
         log.warning("the log feeds only %d versions, not --max_steps %d", versions, cfg.max_steps)
     train.max_steps = min(cfg.max_steps or versions, versions)

@@ -30,8 +30,15 @@ from pathlib import Path
 
 from distrl.config import TrainConfig, buffer_options
 from distrl.console import start_console
-from distrl.faults import (as_interrupted, end_early, raise_on_signals, resumable, role_failed, watch_roles,
-                           write_role_file)
+from distrl.faults import (
+    as_interrupted,
+    end_early,
+    raise_on_signals,
+    resumable,
+    role_failed,
+    watch_roles,
+    write_role_file,
+)
 from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, set_stderr_level, setup_logging
 from distrl.placement import reserve
 from distrl.report import write_report

@@ -154,7 +154,8 @@ def decode_table(frame: bytes) -> pa.Table:
     return table
 
 
-def encode(msg_type: MsgType, sender: str = "", seq: int = 0, body: pa.Table | None = None, **fields: Any) -> list[bytes]:
+def encode(msg_type: MsgType, sender: str = "", seq: int = 0, body: pa.Table | None = None,
+           **fields: Any) -> list[bytes]:
     """Build the frames of one message."""
     frames = [Header(msg_type, sender, seq, fields).encode()]
     if body is not None:
@@ -171,7 +172,8 @@ def decode(frames: list[bytes]) -> tuple[Header, pa.Table | None]:
     return header, body
 
 
-def encode_raw(msg_type: MsgType, sender: str = "", seq: int = 0, body: bytes | None = None, **fields: Any) -> list[bytes]:
+def encode_raw(msg_type: MsgType, sender: str = "", seq: int = 0, body: bytes | None = None,
+               **fields: Any) -> list[bytes]:
     """Build the frames of a message whose body is raw bytes (weight payload chunks), not Arrow."""
     frames = [Header(msg_type, sender, seq, fields).encode()]
     if body is not None:

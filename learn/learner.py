@@ -48,11 +48,10 @@ from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint,
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.model import (body_and_head, export_final, frozen_reference, load_policy, reference_context,
-                         save_for_publish)
+from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context, save_for_publish
 from learn.offpolicy import OffPolicyConfig
-from learn.tensor_metrics import to_floats
 from learn.optim import build_optimizer
+from learn.tensor_metrics import to_floats
 
 __all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config", "pack"]
 log = logging.getLogger("distrl.learner")

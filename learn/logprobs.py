@@ -15,7 +15,8 @@ On a GPU with bf16/fp16 weights, ``impl="cce"`` runs the head through Apple's Cu
 ``cut_cross_entropy`` package that Unsloth installs): Triton kernels that compute each position's
 log-sum-exp and target logit over vocabulary tiles in on-chip memory (bf16 inputs, fp32
 accumulation), so no (n, V) buffer is ever written, and the same in backward (gradient filtering
-off; the gradient matmuls take the softmax gradient in bf16, as bf16 autograd would). :func:`head_impl` picks it where it applies.
+off; the gradient matmuls take the softmax gradient in bf16, as bf16 autograd would). :func:`head_impl` picks it
+where it applies.
 
 ``impl="halfmm"`` is the chunked algorithm with the matmuls in the head's own half dtype: a bf16/fp16
 head weight is not upcast, the hidden states are cast to its dtype, and each chunk's logits come out
@@ -182,7 +183,8 @@ class _FusedChunk(torch.autograd.Function):
 
 
 HEAD_IMPLS = ("auto", "chunked", "cce", "halfmm")
-AUTO_HEADS = ("halfmm",)  # what `auto` tries on CUDA, in order, before chunked (halfmm: faster than cce, bench/gpu_pipeline.py)
+# what `auto` tries on CUDA, in order, before chunked (halfmm: faster than cce, bench/gpu_pipeline.py)
+AUTO_HEADS = ("halfmm",)
 ENTROPY_SAMPLE = 1024  # positions per call whose entropy the cce path computes (see token_logprobs)
 
 

@@ -51,9 +51,9 @@ Padding positions may hold anything (even -inf): inputs are masked with ``torch.
 arithmetic, so nothing from padding reaches the loss or the gradient. A batch with no completion
 tokens gives loss 0 that still has a graph (``backward()`` works and yields zero gradients).
 
-Metrics are python floats (0-dim device tensors with ``sync=False``) over masked tokens of THIS call only (the learner weights them by
-``masked_tokens`` to combine micro-batches): ``clip_fraction`` (+ ``_low``/``_high``) and ``ratio_*`` of
-r (GRPO), the ``is_*``/``band_masked_fraction`` of ``learn.offpolicy.correction``, ``kl_ref`` (the
+Metrics are python floats (0-dim device tensors with ``sync=False``) over masked tokens of THIS call only (the
+learner weights them by ``masked_tokens`` to combine micro-batches): ``clip_fraction`` (+ ``_low``/``_high``)
+and ``ratio_*`` of r (GRPO), the ``is_*``/``band_masked_fraction`` of ``learn.offpolicy.correction``, ``kl_ref`` (the
 chosen estimator's mean) with a reference, and:
 
 - ``logprob_mismatch_mean_abs`` / ``logprob_mismatch_max_abs``: |logp - behavior_logp|, in nats.
@@ -186,8 +186,8 @@ def policy_loss(logprobs: torch.Tensor, behavior_logprobs: torch.Tensor, advanta
 
     Args: shapes and units in the module docstring; ``norm`` the version-global normalizer, ``cfg``
     the objective. ``sync=False`` leaves the metrics as 0-dim tensors on the device (no host sync; the
-    learner converts a whole step's with ``learn.tensor_metrics.to_floats``). Raises ValueError on mismatched shapes, or when ``cfg.kl_coef > 0`` and
-    ``ref_logprobs`` is None.
+    learner converts a whole step's with ``learn.tensor_metrics.to_floats``). Raises ValueError on mismatched
+    shapes, or when ``cfg.kl_coef > 0`` and ``ref_logprobs`` is None.
     """
     _check(logprobs, advantages, mask, ("behavior_logprobs", behavior_logprobs),
            ("proximal_logprobs", proximal_logprobs), ("ref_logprobs", ref_logprobs))

@@ -39,7 +39,7 @@ def to_floats(parts: list[TensorMetrics]) -> list[dict[str, float]]:
     if not slots:
         return out
     values = [parts[i][k] for i, k in slots]
-    for (i, k), v in zip(slots, values):
+    for (_, k), v in zip(slots, values):
         if v.numel() != 1:
             raise ValueError(f"metric {k!r} must be a scalar, got shape {tuple(v.shape)}")
     floats = torch.stack([v.detach().reshape(()).float().to(values[0].device) for v in values]).tolist()

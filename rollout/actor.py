@@ -307,7 +307,8 @@ class RolloutActor:
         self.metrics.close()
         log.info("%s: stopped after %d groups, last policy version %d", self.name, groups, self.version)
         return {"actor_id": self.actor_id, "groups": groups, "last_version": self.version,
-                "long_prompts_skipped": self.long_prompts.skipped, "long_prompts_truncated": self.long_prompts.truncated}
+                "long_prompts_skipped": self.long_prompts.skipped,
+                "long_prompts_truncated": self.long_prompts.truncated}
 
     def close(self) -> None:
         self.client.close()

@@ -24,7 +24,6 @@ import socket
 import time
 
 from distrl.config import TrainConfig
-from distrl.metrics import Metrics
 from rollout.actor import ActorEndpoints, RolloutActor
 
 log = logging.getLogger("distrl.actor")

@@ -25,8 +25,7 @@ import random
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rollout.rewards import (MathVerifier, Problem, half_vocab_fraction, integer_answer, integer_match,
-                             last_boxed)
+from rollout.rewards import MathVerifier, Problem, half_vocab_fraction, integer_answer, integer_match, last_boxed
 
 BOXED_INSTRUCTION = "Reason step by step, and put your final answer within \\boxed{}."
 
@@ -123,7 +122,8 @@ class Task(abc.ABC):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @abc.abstractmethod
-    def reward(self, completion_text: str, completion_ids: list[int], problem: Problem) -> tuple[float, dict[str, float]]:
+    def reward(self, completion_text: str, completion_ids: list[int],
+               problem: Problem) -> tuple[float, dict[str, float]]:
         """``(reward, named components)`` of one completion of `problem`."""
 
 
@@ -164,8 +164,8 @@ class ArithTask(Task):
     def _choose_heldout(self, n, rng):
         total = (self.max_operand + 1) ** 2 * len(self.ops)
         if n > total // 2:
-            raise ValueError(f"held-out size {n} (--eval_size / --limit) is more than half of the {total} {self.name} expressions "
-                             f"(max_operand {self.max_operand}, ops {''.join(self.ops)})")
+            raise ValueError(f"held-out size {n} (--eval_size / --limit) is more than half of the {total} "
+                             f"{self.name} expressions (max_operand {self.max_operand}, ops {''.join(self.ops)})")
         chosen: dict[str, Problem] = {}
         while len(chosen) < n:
             problem = self._draw(rng)
@@ -241,7 +241,8 @@ class MathDatasetTask(Task):
 
     def _choose_heldout(self, n, rng):
         if n >= len(self.rows):
-            raise ValueError(f"held-out size {n} (--eval_size / --limit) leaves none of the {len(self.rows)} {self.name} rows to train on")
+            raise ValueError(f"held-out size {n} (--eval_size / --limit) leaves none of the {len(self.rows)} "
+                             f"{self.name} rows to train on")
         return [self.to_problem(self.rows[i], i) for i in rng.sample(range(len(self.rows)), n)]
 
     def reward(self, completion_text, completion_ids, problem):

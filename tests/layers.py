@@ -6,10 +6,12 @@ it imports and the third-party top-level names it imports. ``check`` applies the
 
 | rule | reported as |
 |---|---|
-| every module has a layer (``layers``: its own entry, else the longest ``prefix.*`` entry) | ``("unclassified", module, "")`` |
+| every module has a layer (``layers``: its entry, else the longest ``prefix.*``) | ``("unclassified", module, "")`` |
 | a module imports only modules of the layers ``may_import[its layer]`` | ``("layer", module, imported)`` |
 | a module imports no third-party package of ``forbidden_external[its layer]`` | ``("external", module, name)`` |
-| no import cycle: strongly connected component of size > 1 once the allowlisted edges are removed | ``("cycle", a, b)`` for each edge inside such a component |
+| no import cycle: no strongly connected component of size > 1 without the allowlisted edges | ``("cycle", a, b)`` |
+
+A cycle is reported as each of its edges: ``("cycle", a, b)`` for every import ``a -> b`` inside the component.
 
 ``allow`` maps an edge ``(module, imported)`` to the issue item that removes it: an allowlisted edge is not
 reported, and one that no longer exists, or no longer breaks a rule (neither a layer/external violation nor

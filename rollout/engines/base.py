@@ -119,7 +119,7 @@ class Engine(ABC):
         """Serve the LoRA adapter at ``path`` as ``version`` (``load_weights(version, "lora", path)``)."""
         self.load_weights(version, "lora", path)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a no-op by default: an engine without scratch files need not override it)
         """Release what the engine holds (scratch files, the model); the engine is unusable after."""
 
     def _check_load(self, version: int, fmt: str) -> None:

@@ -153,7 +153,8 @@ def test_ten_thousand_bad_messages_are_answered_and_a_good_client_is_served(tmp_
     body = wire.encode_table(make_group("valid-body"))
     address = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "buffer", "--address", address, "--run_dir",
-                             str(tmp_path / "run"), "--batch_size", "2", "--topk", "4", "--max_msg_bytes", str(4 * 2**20)],
+                             str(tmp_path / "run"), "--batch_size", "2", "--topk", "4",
+                             "--max_msg_bytes", str(4 * 2**20)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     publisher = WeightPublisher()
     payload = tmp_path / "v000001"

@@ -104,9 +104,9 @@ def test_sigkill_mid_stream_then_resume_loses_nothing_and_duplicates_nothing(tmp
         batch1 = learner.get(1)
         assert not set(batch0.column("group_id").to_pylist()) & set(batch1.column("group_id").to_pylist())
         assert stats["groups"] == len(acked) - 4
-        print(f"\n--fsync {fsync}: acked before SIGKILL: {len(acked_at_kill)}, acked in all: {len(acked)}, groups in the log: "
-              f"{len(set(ids))}, re-sent requests: {sum(c.resends for c in clients)}, duplicates dropped: "
-              f"{stats['duplicates']}, held after resume: {stats['groups']}")
+        print(f"\n--fsync {fsync}: acked before SIGKILL: {len(acked_at_kill)}, acked in all: {len(acked)}, "
+              f"groups in the log: {len(set(ids))}, re-sent requests: {sum(c.resends for c in clients)}, "
+              f"duplicates dropped: {stats['duplicates']}, held after resume: {stats['groups']}")
         learner.shutdown()
         assert second.wait(timeout=10) == 0
     finally:
@@ -126,7 +126,8 @@ def learner_polls(client: BufferClient) -> bool:
 
 def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finishes(tmp_path):
     """Separate launchers: `distrl buffer` killed (SIGKILL, by pid) while the learner waits in its GET (the
-    actor is paused meanwhile), then restarted with `--resume` on its address. The learner re-sends its GET every 2 s (BufferClient.get_resend_s), logs
+    actor is paused meanwhile), then restarted with `--resume` on its address. The learner re-sends its GET
+    every 2 s (BufferClient.get_resend_s), logs
     "buffer at ADDR answered again after N s" once, and `distrl learn` and `distrl rollout` finish
     their --max_steps and exit 0. The stall (buffer restart -> the learner's next reply) is printed."""
     from tests.integration.test_faults import TINY, learner_version, start, stop_group, wait_until
@@ -163,8 +164,8 @@ def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finish
     learner_log = (learner_dir / "logs" / "learner0.log").read_text()
     (answered,) = re.findall(rf"^(\S+ \S+) buffer\.client INFO buffer at {re.escape(buf)} answered again after "
                              rf"([\d.]+) s \(GET sent (\d+) times\)$", learner_log, re.M)
-    served = re.findall(r"^(\S+ \S+) buffer\.server INFO buffer serving at", (run_dir / "logs" / "buffer.log").read_text(),
-                        re.M)
+    buffer_log = (run_dir / "logs" / "buffer.log").read_text()
+    served = re.findall(r"^(\S+ \S+) buffer\.server INFO buffer serving at", buffer_log, re.M)
     assert len(served) == 2  # the first buffer and the restarted one
     stamp = lambda text: datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
     stall = (stamp(answered[0]) - stamp(served[1])).total_seconds()

@@ -8,14 +8,12 @@ same scoring function, which must count them all correct.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -34,7 +34,8 @@ def test_resume_continues_versions_data_and_optimizer_exactly(tmp_path):
     assert sorted(versions) == [1, 2, 3, 4]
     assert json.loads((resumed / "summary.json").read_text())["versions"] == 4
     # The actor continued the prompt stream: the same prompts, in the same order, none served twice.
-    prompts = {name: read_segments(tmp_path / name).column("prompt_id").to_pylist()[::4] for name in ("straight", "stopped")}
+    prompts = {name: read_segments(tmp_path / name).column("prompt_id").to_pylist()[::4]
+               for name in ("straight", "stopped")}
     assert prompts["stopped"] == prompts["straight"][: len(prompts["stopped"])]
     assert len(prompts["stopped"]) >= 16
     # Weights after version 4 equal the uninterrupted run's (optimizer state and data restored).

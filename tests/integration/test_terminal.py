@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import termios
-from pathlib import Path
 
 from tests.integration.test_train import ENV, ROOT
 

@@ -7,12 +7,10 @@ addresses), with weights downloaded from the learner's endpoint (`--weights_tran
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from tests.integration.test_train import ENV, check_run, distrl, run, scalars

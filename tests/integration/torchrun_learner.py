@@ -31,8 +31,8 @@ def main() -> None:
 
     import torch
 
-    from distrl.config import TrainConfig
     import learn.learner
+    from distrl.config import TrainConfig
     from distrl.weights import DirectoryTransport, WeightPublisher
     from learn.learner import Learner, init_distributed_from_env
 

@@ -46,7 +46,8 @@ def test_train_config_shares_the_buffer_options_with_the_same_names_and_defaults
 
 
 def test_cli_refuses_bad_buffer_flags_before_importing_arrow_or_zmq(tmp_path):
-    code = ("import sys\nfrom distrl.cli import main\ntry:\n    main(['buffer', '--run_dir', sys.argv[1], '--topk', '9'])\n"
+    code = ("import sys\nfrom distrl.cli import main\n"
+            "try:\n    main(['buffer', '--run_dir', sys.argv[1], '--topk', '9'])\n"
             "except SystemExit as e:\n    assert e.code != 0\n"
             "heavy = [m for m in ('pyarrow', 'zmq', 'torch', 'buffer.server') if m in sys.modules]\n"
             "assert not heavy, heavy\nprint('refused')")

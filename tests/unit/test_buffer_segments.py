@@ -8,8 +8,16 @@ import pyarrow as pa
 import pytest
 
 from buffer import segments
-from buffer.segments import (ConsumptionLog, SegmentLog, groups_by_actor, lineage, read_consumed, read_groups,
-                             read_segments, segment_paths)
+from buffer.segments import (
+    ConsumptionLog,
+    SegmentLog,
+    groups_by_actor,
+    lineage,
+    read_consumed,
+    read_groups,
+    read_segments,
+    segment_paths,
+)
 from distrl.wire import COMPLETION_SCHEMA
 from tests.helpers import make_group
 
@@ -129,7 +137,8 @@ def test_consumption_log(tmp_path):
     with open(log.path, "a") as f:
         f.write('{"learner_version": 4, "ra')  # a crash mid-line
     (record,) = read_consumed(tmp_path)
-    assert (record["learner_version"], record["rank"], record["world_size"], record["group_ids"]) == (3, 1, 2, ["a", "b"])
+    assert (record["learner_version"], record["rank"], record["world_size"],
+            record["group_ids"]) == (3, 1, 2, ["a", "b"])
     assert record["sample_ids"] == ["a/0", "a/1", "b/0", "b/1"] and record["policy_versions"] == [0, 0, 0, 0]
 
 
@@ -197,7 +206,8 @@ def resident_bytes(path) -> int:
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="util-linux's fincore is not installed")
 @pytest.mark.parametrize("policy", ["batch", "always"])
 def test_the_log_leaves_the_page_cache_once_synced(tmp_path, policy):
-    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() == "tmpfs":
+    fs_type = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if fs_type == "tmpfs":
         pytest.skip("on tmpfs the page cache is the file")
     log = SegmentLog(tmp_path, fsync=policy)
     write(log, [make_group(f"g{i}", completion_len=20_000) for i in range(8)])  # about 0.64 MB each

@@ -11,8 +11,8 @@ import pytest
 import zmq
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.client import BufferClient, BufferStalled
 from buffer import segments
+from buffer.client import BufferClient, BufferStalled
 from buffer.segments import read_consumed, read_segments, segment_paths
 from buffer.server import BufferServer
 from distrl import wire
@@ -339,7 +339,8 @@ def test_requests_queued_at_one_poll_are_answered_in_order_each_put_on_its_own(t
     server = BufferServer(ADDRESS, tmp_path, batch_size=2, max_staleness=1, topk=2, group_size=4)
     requests = [
         wire.encode(MsgType.PUT, "actor", 1, body=make_group("a")),
-        wire.encode(MsgType.PUT, "actor", 2, body=pa.concat_tables([make_group("b"), make_group("c")]).combine_chunks()),
+        wire.encode(MsgType.PUT, "actor", 2,
+                    body=pa.concat_tables([make_group("b"), make_group("c")]).combine_chunks()),
         wire.encode(MsgType.PUT, "actor", 3, body=make_group("bad", rewards=[0, 1, float("nan"), 2])),
         wire.encode(MsgType.STATS, "actor", 4),
         wire.encode(MsgType.PUT, "actor", 5, body=make_group("a")),  # a retry of seq 1

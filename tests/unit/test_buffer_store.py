@@ -508,8 +508,10 @@ def test_put_messages_equals_one_put_groups_per_message():
             batches.append(batches[0])  # the same PUT twice in one poll (a retry queued behind its original)
         sent += batches
         persisted_a, persisted_b = [], []
-        got = together.put_messages([(b, lambda b, seq: persisted_a.append((b.num_rows, seq)), None) for b in batches])
-        want = [answer(lambda b: apart.put_groups(b, lambda b, seq: persisted_b.append((b.num_rows, seq))), b)
+        # the callbacks run inside these calls, before the loop moves on
+        got = together.put_messages([(b, lambda b, seq: persisted_a.append((b.num_rows, seq)), None)  # noqa: B023
+                                     for b in batches])
+        want = [answer(lambda b: apart.put_groups(b, lambda b, seq: persisted_b.append((b.num_rows, seq))), b)  # noqa: B023
                 for b in batches]
         assert [r if isinstance(r, list) else (type(r), str(r)) for r in got] == want
         assert persisted_a == persisted_b

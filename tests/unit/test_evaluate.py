@@ -7,8 +7,17 @@ import json
 
 import pytest
 
-from distrl.evaluate import (ProblemRecord, SampleRecord, default_ks, maj_at_k, majority_vote, pass_at_k,
-                             score_problem, summarize, summarize_by_group)
+from distrl.evaluate import (
+    ProblemRecord,
+    SampleRecord,
+    default_ks,
+    maj_at_k,
+    majority_vote,
+    pass_at_k,
+    score_problem,
+    summarize,
+    summarize_by_group,
+)
 from rollout.rewards import normalize_answer
 from rollout.tasks import ArithTask, GSM8KTask, MATH500Task
 from tests.helpers import shared_data

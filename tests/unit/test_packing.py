@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from distrl.config import TrainConfig
-from learn.learner import Learner, collate, pack
 from distrl.wire import table_from_rows
+from learn.learner import Learner, collate, pack
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call prepare / accumulate directly

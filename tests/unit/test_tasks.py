@@ -14,7 +14,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 
 from rollout.rewards import MathVerifier, extract_answer
-from rollout.tasks import (ArithTask, GSM8KTask, HalfVocabTask, MATH500Task, Problem, load_task)
+from rollout.tasks import ArithTask, GSM8KTask, HalfVocabTask, MATH500Task, Problem, load_task
 from tests.helpers import shared_data
 
 GSM8K = shared_data() / "gsm8k" / "train.jsonl"

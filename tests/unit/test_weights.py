@@ -9,8 +9,15 @@ import pytest
 import zmq
 
 from distrl import wire
-from distrl.weights import (Announcement, DirectoryTransport, FsFetcher, WeightError, WeightPublisher,
-                            WeightSubscriber, ZmqFetcher)
+from distrl.weights import (
+    Announcement,
+    DirectoryTransport,
+    FsFetcher,
+    WeightError,
+    WeightPublisher,
+    WeightSubscriber,
+    ZmqFetcher,
+)
 
 
 def write_payload(size: int, seed: int):
@@ -42,7 +49,7 @@ def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publ
     seen = []
     for v in range(1, 6):
         publisher.announce(transport.publish(v, "lora", write_payload(100, v)))
-        wait_until(lambda: sub.poll().version == v)
+        wait_until(lambda: sub.poll().version == v)  # noqa: B023 (called before the loop moves on)
         seen.append(sub.newest.version)
     assert seen == [1, 2, 3, 4, 5]
     # An older announcement never replaces a newer one.
@@ -64,7 +71,8 @@ def test_fetch_returns_identical_payload_and_refuses_corruption(publisher, tmp_p
     fetcher = FsFetcher() if fetcher_kind == "fs" else ZmqFetcher(publisher.latest_address, tmp_path / "cache",
                                                                    chunk_bytes=64 * 1024, window=3)
     path = fetcher.fetch(ann)
-    assert (path / "sub" / "weights.bin").read_bytes() == (tmp_path / "weights" / "v000001" / "sub" / "weights.bin").read_bytes()
+    published = tmp_path / "weights" / "v000001" / "sub" / "weights.bin"
+    assert (path / "sub" / "weights.bin").read_bytes() == published.read_bytes()
     if fetcher_kind == "zmq":
         assert path != tmp_path / "weights" / "v000001" and fetcher.bytes_fetched > 300_000
     # A payload whose bytes differ from the announced digest is refused.

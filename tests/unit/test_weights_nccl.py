@@ -28,7 +28,7 @@ def actor(address, rank, actors, announcements, results):
     for _ in range(2):
         ann = announcements.get(timeout=60)
         try:
-            version, named = receiver.receive(ann, announcement_of=lambda v: ann)
+            version, named = receiver.receive(ann, announcement_of=lambda v: ann)  # noqa: B023 (called at once)
             results.put((rank, version, {n: t.clone() for n, t in named}))
         except WeightError as exc:
             results.put((rank, -1, str(exc)))
@@ -38,7 +38,8 @@ def test_layout_views_round_trip():
     named = named_weights(3)
     layout = Layout.of(named)
     assert [dt for dt, _ in layout.sizes()] == ["float32", "bfloat16", "int64"]
-    buffers = [torch.cat([t.reshape(-1) for _, t in named if str(t.dtype) == f"torch.{dt}"]) for dt, _ in layout.sizes()]
+    buffers = [torch.cat([t.reshape(-1) for _, t in named if str(t.dtype) == f"torch.{dt}"])
+               for dt, _ in layout.sizes()]
     for (name, t), (name2, v) in zip(named, layout.views(buffers)):
         assert name == name2 and torch.equal(t, v)
     assert checksum(buffers) != checksum([b.clone().add_(1) for b in buffers])
@@ -60,7 +61,7 @@ def test_two_actors_receive_each_version_bit_exact_and_refuse_a_bad_checksum():
         for q in queues:
             q.put(ann1)
         got = [results.get(timeout=60) for _ in range(actors)]
-        for rank, version, tensors in got:
+        for _rank, version, tensors in got:
             assert version == 1
             for name, t in named_weights(1):
                 assert torch.equal(tensors[name], t), name
