@@ -1,4 +1,4 @@
-"""Rewards: final-answer extraction and checking, used by the tasks in `rollout.tasks`.
+"""Rewards: final-answer checking, used by the tasks in `rollout.tasks` (answers read by `rollout.answers`).
 
 Three scorers, each returning ``(reward, components)`` with ``reward`` in [0, 1]:
 
@@ -34,13 +34,14 @@ import json
 import math
 import numbers
 import os
-import re
 import select
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
+
+from rollout.answers import final_answer, integer_answer, last_boxed
 
 
 @dataclasses.dataclass
@@ -56,56 +57,13 @@ class Problem:
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-# 1,234,567.5 | 1234.5 | .5, each with an optional sign.
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
-_INTEGER = re.compile(r"-?\d+")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``) in `text`, braces matched; else None."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        depth, start = 1, match.end()
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i]
-    return None
-
-
-def last_number(text: str) -> str | None:
-    """The last decimal number in `text`, thousands separators removed (``"1,234.5"`` -> ``"1234.5"``)."""
-    numbers = _NUMBER.findall(text)
-    return numbers[-1].replace(",", "") if numbers else None
-
-
-def extract_answer(text: str) -> tuple[str | None, bool]:
-    """The completion's final answer: the last ``\\boxed{}`` content if any, else the last number.
-
-    Returns ``(answer or None, whether it came from a \\boxed{})``.
-    """
-    boxed = last_boxed(text)
-    return (boxed, True) if boxed is not None else (last_number(text), False)
-
-
 def integer_match(completion_text: str, gold: str) -> tuple[float, dict[str, float]]:
-    """1.0 when the answer integer equals `gold` (an integer literal), else 0.0.
-
-    The answer integer is the first integer inside the last ``\\boxed{}`` when there is one (chat
-    models restate the question first), else the first integer of the completion (the tiny model
-    answers ``"37+45="`` with ``"82"``). Components: ``correct``, ``format`` (a ``\\boxed{}`` was used).
-    """
+    """1.0 when the completion's final integer (:func:`rollout.answers.integer_answer`: the last number of
+    the last ``\\boxed{}``, else of the stated ``answer is X``, else of the completion; integral) equals
+    `gold` (an integer literal), else 0.0. Components: ``correct``, ``format`` (a ``\\boxed{}`` was used)."""
     answer = integer_answer(completion_text)
     correct = answer is not None and answer == int(gold)
     return float(correct), {"correct": float(correct), "format": float(last_boxed(completion_text) is not None)}
-
-
-def integer_answer(completion_text: str) -> int | None:
-    """The integer :func:`integer_match` checks: the first one inside the last ``\\boxed{}``, else the
-    first one of the completion; None when there is none."""
-    boxed = last_boxed(completion_text)
-    found = _INTEGER.search(completion_text if boxed is None else boxed)
-    return None if found is None else int(found.group())
 
 
 def half_vocab_fraction(completion_ids: list[int]) -> tuple[float, dict[str, float]]:
@@ -238,7 +196,8 @@ def _child_code(call: str) -> str:
 
 
 class MathVerifier:
-    """Scores a completion's final answer (:func:`extract_answer`) against a gold answer with math_verify.
+    """Scores a completion's final answer (:func:`rollout.answers.final_answer`) against a gold answer with
+    math_verify.
 
     Args:
         timeout_s: seconds one check may take, or None. Set: checks run in a child process (first use
@@ -259,7 +218,7 @@ class MathVerifier:
     def score(self, completion_text: str, gold: str) -> tuple[float, dict[str, float]]:
         """Reward 1.0 iff the answer is equivalent to `gold`. Components: ``correct``, ``format``
         (the answer was in a ``\\boxed{}``), ``gold_unparsable``, ``timeout``."""
-        answer, boxed = extract_answer(completion_text)
+        answer, boxed = final_answer(completion_text), last_boxed(completion_text) is not None
         if self.timeout_s is None:
             result = check_answer(gold, answer)
         else:
@@ -272,9 +231,10 @@ class MathVerifier:
                          "timeout": float(timed_out)}
 
     def normalize(self, completion_text: str) -> str | None:
-        """The completion's final answer (:func:`extract_answer`) in canonical form (:func:`normalize_answer`),
-        under the same time limit as :meth:`score`; None when there is none or it timed out."""
-        answer, _ = extract_answer(completion_text)
+        """The completion's final answer (:func:`rollout.answers.final_answer`) in canonical form
+        (:func:`normalize_answer`), under the same time limit as :meth:`score`; None when there is none or
+        it timed out."""
+        answer = final_answer(completion_text)
         if answer is None or self.timeout_s is None:
             return normalize_answer(answer)
         with self._lock:

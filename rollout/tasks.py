@@ -25,7 +25,8 @@ import random
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from rollout.rewards import MathVerifier, Problem, half_vocab_fraction, integer_answer, integer_match, last_boxed
+from rollout.answers import integer_answer, last_boxed
+from rollout.rewards import MathVerifier, Problem, half_vocab_fraction, integer_match
 
 BOXED_INSTRUCTION = "Reason step by step, and put your final answer within \\boxed{}."
 
@@ -249,7 +250,7 @@ class MathDatasetTask(Task):
         return self.verifier.score(completion_text, problem.gold)
 
     def extract_answer(self, completion_text):
-        """The answer the reward checks (last ``\\boxed{}``, else last number), normalized by math_verify's
+        """The answer the reward checks (:func:`rollout.answers.final_answer`), normalized by math_verify's
         parsing (:func:`rollout.rewards.normalize_answer`), under the verifier's time limit."""
         return self.verifier.normalize(completion_text)
 

@@ -13,7 +13,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
 
-from rollout.rewards import MathVerifier, extract_answer
+from rollout.answers import final_answer
+from rollout.rewards import MathVerifier
 from rollout.tasks import ArithTask, GSM8KTask, HalfVocabTask, MATH500Task, Problem, load_task
 from tests.helpers import shared_data
 
@@ -118,7 +119,8 @@ def test_math500_problem_fields(math500):
     ("\\boxed{1/2}", 1.0),
     ("\\boxed{\\frac{1}{3}}", 0.0),
     ("\\boxed{2}", 0.0),
-    ("The answer is 0.5", 1.0),  # no \boxed{}: last number
+    ("The answer is 0.5", 1.0),  # no \boxed{}: the stated answer
+    ("The answer is $\\frac{1}{2}$.", 1.0),
 ])
 def test_math500_fraction_answers(math500, completion, expected):
     p = math500.to_problem(math500.rows[219], 219)  # gold \frac{1}{2}
@@ -190,11 +192,11 @@ def test_math_verify_timeout_warning_is_not_logged():
     assert "Timeout is disabled" not in proc.stdout + proc.stderr
 
 
-def test_extract_answer():
-    assert extract_answer("a \\boxed{\\frac{1}{2}} b \\boxed{x^{2}} c 7") == ("x^{2}", True)
-    assert extract_answer("costs $1,234.50 and 7 more, total -3.5") == ("-3.5", False)
-    assert extract_answer("total 1,234,567") == ("1234567", False)
-    assert extract_answer("nothing \\boxed{unclosed") == (None, False)
+def test_final_answer():  # more in test_final_answer.py
+    assert final_answer("a \\boxed{\\frac{1}{2}} b \\boxed{x^{2}} c 7") == "x^{2}"
+    assert final_answer("costs $1,234.50 and 7 more, total -3.5") == "-3.5"
+    assert final_answer("total 1,234,567") == "1234567"
+    assert final_answer("nothing \\boxed{unclosed") is None
 
 
 # ---- load_task -----------------------------------------------------------------------------------------
@@ -275,10 +277,12 @@ def test_arith_prompt_fits_the_tiny_character_tokenizer():
         assert tok.unk_token_id not in tok(prompt)["input_ids"]
 
 
-def test_arith_reward_first_integer():
+def test_arith_reward_final_answer():
     p = Problem("arith:37+45=", "37+45=", "82")
     assert ArithTask().reward("82", [], p) == (1.0, {"correct": 1.0, "format": 0.0})
-    assert ArithTask().reward(" 82 7", [], p)[0] == 1.0
+    assert ArithTask().reward("37+45=82", [], p)[0] == 1.0  # the last number, not the question's
+    assert ArithTask().reward(" 82 7", [], p)[0] == 0.0
+    assert ArithTask().reward("82.0", [], p)[0] == 1.0 and ArithTask().reward("82.5", [], p)[0] == 0.0
     assert ArithTask().reward("81", [], p)[0] == 0.0
     assert ArithTask().reward("8 2", [], p)[0] == 0.0
     assert ArithTask().reward("", [], p)[0] == 0.0
