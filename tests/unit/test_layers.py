@@ -30,6 +30,7 @@ LAYERS = {
     "distrl.advantages": "foundation",  # group advantage estimators (pure)
     "distrl.tiny": "foundation",  # the tiny test model
     "distrl.hub": "foundation",  # model/tokenizer names -> local paths (offline checks)
+    "distrl.gguf": "foundation",  # --model FILE.gguf -> its cached dequantized model directory
     "distrl.errors": "foundation",  # exceptions every layer raises (PreflightError, RoleFailed, ...)
     "distrl.logs": "foundation",  # log format, role log files, library noise filters
     "distrl.dtypes": "foundation",  # --dtype names -> torch dtypes
