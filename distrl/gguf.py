@@ -126,6 +126,7 @@ def dequantize(source: Path, out: Path) -> dict:
     eos = turn_end_token(tokenizer)
     pad = pad_token(tokenizer, eos)
     tokenizer.eos_token, tokenizer.pad_token = eos, pad
+    tokenizer.clean_up_tokenization_spaces = False  # a BPE tokenizer: transformers ignores it, with a warning
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # save_pretrained refuses a model that says it is quantized
