@@ -122,7 +122,8 @@ def dequantize(source: Path, out: Path) -> dict:
     except (ImportError, OSError, ValueError, KeyError, RuntimeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PreflightError("--model", f"{source}: transformers cannot load this GGUF file ({reason})",
-                             "install the gguf package (pip install gguf), or give a model directory") from None
+                             "give a complete GGUF of an architecture transformers supports (with the gguf "
+                             "package installed: pip install gguf), or a model directory") from None
     eos = turn_end_token(tokenizer)
     pad = pad_token(tokenizer, eos)
     tokenizer.eos_token, tokenizer.pad_token = eos, pad
