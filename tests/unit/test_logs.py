@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from distrl.faults import ROLE_ERROR_LINES, _short_error
-from distrl.logs import quiet_libraries, set_stderr_level, setup_logging
+from distrl.logs import _Once, quiet_libraries, set_stderr_level, setup_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,8 +45,14 @@ def test_short_error_cuts_a_long_message_and_reads_an_error_without_frames():
                                   "\tclass_name: RolloutRole", "\tpid: 7"]
 
 
-def test_quiet_libraries_drops_the_known_harmless_messages(caplog):
+def test_quiet_libraries_drops_the_known_harmless_messages(caplog, monkeypatch):
     quiet_libraries()
+    # earlier tests in this process may have shown vLLM's message already, or vLLM set its loggers apart
+    vllm_worker = logging.getLogger("vllm.v1.worker.cpu_worker")
+    for name in ("vllm", "vllm.v1.worker.cpu_worker"):
+        monkeypatch.setattr(logging.getLogger(name), "propagate", True)
+    for once in [f for f in vllm_worker.filters if isinstance(f, _Once)]:
+        monkeypatch.setattr(once, "seen", set())
     with caplog.at_level(logging.INFO):
         logging.getLogger("torchao").warning("Failed to load _C_cutlass_90a.abi3.so")
         logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton")
