@@ -178,16 +178,17 @@ def test_client_times_out_naming_the_address():
         ctx.term()
 
 
-def test_client_resends_until_a_server_answers(tmp_path):
+@contextlib.contextmanager
+def buffer_after_a_silent_one(tmp_path, request_sent):
+    """A ROUTER on a free address that takes the first request and dies without answering, then a real
+    BufferServer serving on the same address. ``request_sent(address)`` starts the client's request
+    (in a thread) and returns that thread; yields it once the real server is serving."""
     ctx = zmq.Context()
     silent = ctx.socket(zmq.ROUTER)
     silent.bind("tcp://127.0.0.1:*")
     address = silent.getsockopt_string(zmq.LAST_ENDPOINT)
-    result = {}
-    c = BufferClient(address, "t", timeout_s=0.3, retries=20)
-    thread = threading.Thread(target=lambda: result.setdefault("seq", c.put(make_group("g"))))
-    thread.start()
-    assert silent.poll(5000)  # the first PUT reached a server that will never answer it
+    thread = request_sent(address)
+    assert silent.poll(5000)  # the first request reached a server that will never answer it
     silent.close(linger=0)
     ctx.term()
     server = BufferServer(address, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
@@ -195,47 +196,54 @@ def test_client_resends_until_a_server_answers(tmp_path):
     serve = threading.Thread(target=server.serve, args=(stop,))
     serve.start()
     try:
-        thread.join(timeout=10)
-        assert result == {"seq": 0}
+        yield address, thread
     finally:
         stop.set()
         serve.join()
         server.close()
-        c.close()
+
+
+def test_client_resends_until_a_server_answers(tmp_path):
+    result, clients = {}, []
+
+    def put(address):
+        clients.append(BufferClient(address, "t", timeout_s=0.3, retries=20))
+        thread = threading.Thread(target=lambda: result.setdefault("seq", clients[0].put(make_group("g"))))
+        thread.start()
+        return thread
+
+    try:
+        with buffer_after_a_silent_one(tmp_path, put) as (_, thread):
+            thread.join(timeout=10)
+            assert result == {"seq": 0}
+    finally:
+        clients[0].close()
 
 
 def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, caplog):
     """A buffer restarted on its address lost the GET it had received: the client re-sends it every
     get_resend_s, not after its timeout_s (120 s here, far beyond the join below)."""
-    ctx = zmq.Context()
-    silent = ctx.socket(zmq.ROUTER)  # the buffer that dies with the GET
-    silent.bind("tcp://127.0.0.1:*")
-    address = silent.getsockopt_string(zmq.LAST_ENDPOINT)
-    result = {}
-    c = BufferClient(address, "learner0", timeout_s=120.0, retries=1, get_resend_s=0.2)
-    thread = threading.Thread(target=lambda: result.setdefault("rows", c.get(0).num_rows))
+    result, clients = {}, []
     caplog.set_level("INFO", logger="buffer.client")
-    thread.start()
-    assert silent.poll(5000)  # the first GET reached a server that will never answer it
-    silent.close(linger=0)
-    ctx.term()
-    server = BufferServer(address, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
-    stop = threading.Event()
-    serve = threading.Thread(target=server.serve, args=(stop,))
-    serve.start()
+
+    def get(address):
+        clients.append(BufferClient(address, "learner0", timeout_s=120.0, retries=1, get_resend_s=0.2))
+        thread = threading.Thread(target=lambda: result.setdefault("rows", clients[0].get(0).num_rows))
+        thread.start()
+        return thread
+
     try:
-        with BufferClient(address, "actor0") as actor:
-            actor.put(make_group("g"))
-        thread.join(timeout=60)
-        assert result == {"rows": 1} and c.resends >= 1
-        assert any(re.fullmatch(rf"buffer at {re.escape(address)} answered again after [\d.]+ s \(GET sent \d+ times\)",
-                                r.getMessage()) for r in caplog.records)
-        assert not any(r.levelname == "WARNING" for r in caplog.records)  # a short outage is no warning
+        with buffer_after_a_silent_one(tmp_path, get) as (address, thread):
+            with BufferClient(address, "actor0") as actor:
+                actor.put(make_group("g"))
+            thread.join(timeout=60)
+            c = clients[0]
+            assert result == {"rows": 1} and c.resends >= 1
+            assert any(re.fullmatch(rf"buffer at {re.escape(address)} answered again after [\d.]+ s \(GET sent \d+ "
+                                    r"times\)", r.getMessage()) for r in caplog.records)
+            assert not any(r.levelname == "WARNING" for r in caplog.records)  # a short outage is no warning
     finally:
-        stop.set()
-        serve.join()
-        server.close()
-        c.close()
+        clients[0].close()
 
 
 def test_no_progress_refuses_gets_stops_credits_then_ends_serve(tmp_path, monkeypatch):
