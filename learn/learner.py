@@ -417,6 +417,8 @@ class Learner:
             stats = self.train_step(table)
             tokens += stats["tokens"]
             stats["learner/tokens_per_s"] = stats.pop("tokens") / (time.perf_counter() - t1)
+            if torch.cuda.is_available():  # the most GPU memory torch's allocator held so far, GiB
+                stats["learner/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             self.version += 1
             if self.rank == 0:
                 self._publish()
