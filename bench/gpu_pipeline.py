@@ -307,11 +307,11 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     buf, pub, ep = (f"tcp://127.0.0.1:{p}" for p in (port_b, port_pub, port_ep))
     common = ["--batch_size", str(args.batch_size), "--group_size", str(args.group_size),
               "--max_staleness", str(staleness)]
-    role = ["--model", str(model_dir), "--task", "half_vocab", "--max_steps", str(args.versions),
-            "--max_new_tokens", str(args.max_new_tokens), "--finetune", "full", "--backend", "hf",
-            "--log_dir", str(work), "--run_name", run_name, "--learning_rate", "1e-6",
-            "--checkpoint_every", "0", "--export_final", "off", "--engine", "hf", *common,
-            "--weights_transport", "fs" if colocated else args.weights_transport]
+    role = ["--model", str(model_dir), "--task", "half_vocab", "--max_new_tokens", str(args.max_new_tokens),
+            "--log_dir", str(work), "--run_name", run_name, *common[:4],
+            "--weights_transport", "fs" if colocated else args.weights_transport]  # what learn and rollout share
+    learn_only = ["--max_steps", str(args.versions), "--finetune", "full", "--backend", "hf", "--learning_rate",
+                  "1e-6", "--checkpoint_every", "0", "--export_final", "off", *common[4:]]
     if args.weights_transport == "nccl" and not colocated:
         role += ["--weights_broadcast_port", str(free_port())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
@@ -331,7 +331,8 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     if procs["buffer"].poll() is not None:
         raise RuntimeError(f"distrl buffer exited: {(logs / 'buffer.out').read_text()[-1000:]}")
     procs["learner"] = subprocess.Popen(
-        cli + ["learn", *role, "--buffer_address", buf, "--weights_pub_bind", pub, "--weights_endpoint_bind", ep,
+        cli + ["learn", *role, *learn_only, "--buffer_address", buf, "--weights_pub_bind", pub,
+               "--weights_endpoint_bind", ep,
                "--learner_pack_tokens", str(args.pack_tokens), "--learner_chunk_size", str(args.chunk),
                "--learner_head_chunk_tokens", str(args.head_chunk),
                *(["--learner_compile"] if args.async_compile and not colocated else []), *extra],
@@ -339,7 +340,8 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
         stderr=subprocess.STDOUT)
     if not colocated:
         procs["actor"] = subprocess.Popen(
-            cli + ["rollout", *role, "--buffer_address", buf, "--weights_pub", pub, "--weights_endpoint", ep],
+            cli + ["rollout", *role, "--engine", "hf", "--buffer_address", buf, "--weights_pub", pub,
+                   "--weights_endpoint", ep],
             cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
             stderr=subprocess.STDOUT)
     try:

@@ -7,17 +7,25 @@
 - :mod:`buffer.server`: the ZeroMQ ROUTER server around the store; :mod:`buffer.launch`: `distrl buffer`.
 - :mod:`buffer.client`: :class:`BufferClient` (DEALER, Lazy-Pirate retries, backpressure).
 - :mod:`buffer.security`: CURVE keys and authentication.
+- :mod:`buffer.config`: the buffer's config section (torch-free, no pyarrow or zmq either).
 
 The protocol is in docs/protocol.md, operations in docs/buffer.md. This package never imports torch,
 ``rollout`` or ``learn``.
 """
 
-from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted
-from buffer.segments import ConsumptionLog, SegmentLog, lineage, read_consumed, read_groups, read_segments
-from buffer.selection import topk_rows
-from buffer.server import BufferServer
-from buffer.store import BufferFull, GroupStore
+import importlib
 
-__all__ = ["BufferClient", "BufferFull", "BufferFullError", "BufferRefused", "BufferServer", "ConsumptionLog",
-           "GroupStore", "ReplayExhausted", "SegmentLog", "lineage", "read_consumed", "read_groups",
-           "read_segments", "topk_rows"]
+# name -> module; imported on first use (PEP 562), so that `buffer.config` (the flags of `distrl buffer`)
+# parses without importing pyarrow or zmq
+_EXPORTS = {"BufferClient": "buffer.client", "BufferFullError": "buffer.client", "BufferRefused": "buffer.client",
+            "ReplayExhausted": "buffer.client", "ConsumptionLog": "buffer.segments", "SegmentLog": "buffer.segments",
+            "lineage": "buffer.segments", "read_consumed": "buffer.segments", "read_groups": "buffer.segments",
+            "read_segments": "buffer.segments", "topk_rows": "buffer.selection", "BufferServer": "buffer.server",
+            "BufferFull": "buffer.store", "GroupStore": "buffer.store"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'buffer' has no attribute {name!r}")

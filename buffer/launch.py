@@ -15,15 +15,16 @@ import signal
 import threading
 from pathlib import Path
 
+from buffer.config import buffer_options
 from buffer.server import BufferServer
-from distrl.config import BufferConfig, buffer_options
 from distrl.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
 
 
-def run(cfg: BufferConfig) -> dict:
-    """Serve the buffer of ``cfg`` until asked to stop; returns its final counters."""
+def run(cfg) -> dict:
+    """Serve the buffer of ``cfg`` (a ``distrl.config.BufferConfig``) until asked to stop; returns its
+    final counters."""
     run_dir = Path(cfg.run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True,

@@ -41,10 +41,10 @@ from typing import Optional
 import pyarrow as pa
 import torch
 
-from distrl.config import TrainConfig
 from distrl.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
+from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
@@ -190,7 +190,7 @@ def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
                       packed_ids, positions, start[seq] + pos, mb.completion_index)
 
 
-def loss_config(cfg: TrainConfig) -> LossConfig:
+def loss_config(cfg: LearnOptions) -> LossConfig:
     """The objective of ``cfg`` (``dr_grpo`` is GRPO's clipped ratio with its own aggregation)."""
     eps = cfg.clip_eps
     off = OffPolicyConfig(cfg.off_policy, cfg.is_cap, cfg.is_level, cfg.is_mask_low, cfg.is_mask_high)
@@ -203,11 +203,14 @@ def loss_config(cfg: TrainConfig) -> LossConfig:
 class Learner:
     """One learner rank. `run()` trains `max_steps` versions and returns a summary dict.
 
+    ``cfg`` is the command's composed config (`distrl.config.LearnConfig` or `TrainConfig`): learn/config.py's
+    section and the shared ones of distrl/run_options.py.
+
     ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
     only computes the gradients (tests compare micro-batchings with it).
     """
 
-    def __init__(self, cfg: TrainConfig, rank: int, world_size: int, buffer_address: str, model_dir: str,
+    def __init__(self, cfg: LearnOptions, rank: int, world_size: int, buffer_address: str, model_dir: str,
                  publisher=None, transport=None, tb_dir: str | None = None, broadcast_host: str | None = None,
                  run_dir: str | Path | None = None):
         from buffer.client import BufferClient

@@ -21,10 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from distrl.advantages import group_advantages
-from distrl.config import TrainConfig
 from distrl.metrics import Metrics
 from distrl.weights import WeightError, WeightSubscriber, make_fetcher
 from distrl.wire import table_from_rows
+from rollout.config import TaskOptions
 from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
 
@@ -43,9 +43,13 @@ class ActorEndpoints:
 
 
 class RolloutActor:
-    """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop."""
+    """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
-    def __init__(self, cfg: TrainConfig, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
+    ``cfg`` is the command's composed config (`distrl.config.RolloutConfig` or `TrainConfig`): the
+    sections of rollout/config.py and the shared ones of distrl/run_options.py.
+    """
+
+    def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
                  work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
                  name: str | None = None):
         from buffer.client import BufferClient
@@ -63,9 +67,12 @@ class RolloutActor:
         if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
             self.reward = UserReward(cfg.reward, cfg.reward_timeout_s)
             self.reward.check(next(self.task.problems(seed=0)))
-        if engine is None:  # else a given engine (rollout.colocated shares the learner's model)
+        # a given engine (rollout.colocated shares the learner's model) never changes weights mid-call
+        self.inflight_update = "off"
+        if engine is None:
             engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
                                  seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
+            self.inflight_update = cfg.inflight_update
         self.engine = engine
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
         self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=cfg.long_prompts,
@@ -214,7 +221,7 @@ class RolloutActor:
         with it. `abort`: the call is dropped, the newer version loaded, and the prompts generated
         again. Returns (results, the version the call started with).
         """
-        mode = self.cfg.inflight_update
+        mode = self.inflight_update
         while True:
             start_version = self.version
             try:
@@ -227,7 +234,7 @@ class RolloutActor:
 
     def _between_steps(self) -> None:
         if self.weights.poll().version > self.version:
-            if self.cfg.inflight_update == "abort":
+            if self.inflight_update == "abort":
                 raise VersionBoundary
             self._refresh_weights(0)  # in place: the running completions continue with it
 

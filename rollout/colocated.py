@@ -18,12 +18,10 @@ weights in memory and need a weight reload per version; sharing the model object
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import time
 
-from distrl.config import TrainConfig
 from rollout.actor import ActorEndpoints, RolloutActor
 
 log = logging.getLogger("distrl.actor")
@@ -33,7 +31,8 @@ class LearnerGenerator(RolloutActor):
     """Generates groups with learner ``rank``'s ``model`` (a torch causal LM, PEFT-wrapped or not).
 
     Args:
-        cfg: the run's config (``inflight_update`` is ignored: the weights never change mid-call).
+        cfg: the run's config (a TrainConfig or LearnConfig: the task's and the shared sections; an actor's
+            own options are not read: the engine is the learner's, its weights never change mid-call).
         rank: the learner's rank; the rows' ``actor_id`` is ``-1 - rank``.
         model: the learner's model object, shared (not copied).
         buffer_address: the buffer's ZMQ endpoint.
@@ -41,7 +40,7 @@ class LearnerGenerator(RolloutActor):
         tb_dir: TensorBoard directory of its ``actor/*`` scalars (None: none).
     """
 
-    def __init__(self, cfg: TrainConfig, rank: int, model, buffer_address: str, model_dir: str,
+    def __init__(self, cfg, rank: int, model, buffer_address: str, model_dir: str,
                  tb_dir: str | None = None):
         from transformers import AutoTokenizer
 
@@ -50,7 +49,7 @@ class LearnerGenerator(RolloutActor):
         self.rank, self.model = rank, model
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
         engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank)
-        super().__init__(dataclasses.replace(cfg, inflight_update="off"), -1 - rank,
+        super().__init__(cfg, -1 - rank,
                          ActorEndpoints(buffer_address, "", ""), model_dir, work_dir=str(cfg.run_dir),
                          tb_dir=tb_dir, engine=engine, name=f"learner{rank}@{socket.gethostname()}")
         self.groups, self.generate_s = 0, 0.0

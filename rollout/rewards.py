@@ -261,7 +261,7 @@ def load_reward_function(spec: str) -> Callable:
     Raises ValueError naming --reward when the module does not import (any error its import raises)
     or has no callable of that name.
     """
-    from distrl.config import check_reward_spec
+    from rollout.config import check_reward_spec
 
     module, func = check_reward_spec(spec)
     try:

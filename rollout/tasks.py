@@ -13,7 +13,7 @@ answer in canonical form, for majority votes), ``heldout(n, seed)`` (a seeded he
 that ``problems`` never yields afterwards) and ``group_keys`` (``Problem.meta`` keys that metrics are
 broken down by, e.g. MATH-500's ``subject`` and ``level``).
 
-Tasks (names as in ``distrl.config.TASKS``): ``arith`` (built-in two-number arithmetic, no download),
+Tasks (names as in ``rollout.config.TASKS``): ``arith`` (built-in two-number arithmetic, no download),
 ``half_vocab`` (a toy reward a tiny random model can raise quickly), ``gsm8k`` and ``math500``
 (datasets, scored with math_verify). :func:`load_task` picks one from ``--task`` / ``--dataset``.
 """
@@ -97,7 +97,7 @@ class Task(abc.ABC):
 
         Raises ValueError naming the flag: a template without ``{question}``, an unknown ``chat``.
         """
-        from distrl.config import read_prompt_template
+        from rollout.config import read_prompt_template
 
         if chat not in ("auto", "on", "off"):
             raise ValueError(f"--chat_template must be auto, on or off, got {chat!r}")

@@ -130,18 +130,18 @@ def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finish
     every 2 s (BufferClient.get_resend_s), logs
     "buffer at ADDR answered again after N s" once, and `distrl learn` and `distrl rollout` finish
     their --max_steps and exit 0. The stall (buffer restart -> the learner's next reply) is printed."""
-    from tests.integration.test_faults import TINY, learner_version, start, stop_group, wait_until
+    from tests.integration.test_faults import TINY, TINY_ACTOR, learner_version, start, stop_group, wait_until
     from tests.integration.test_weight_transports import free_ports
 
     buf, pub, endpoint = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
     run_dir, learner_dir, actor_dir = tmp_path / "buffer", tmp_path / "learner" / "run", tmp_path / "actor" / "run"
-    common = [*TINY, "--run_name", "run", "--max_steps", "8", "--buffer_address", buf, "--weights_transport", "zmq"]
+    common = ["--run_name", "run", "--buffer_address", buf, "--weights_transport", "zmq"]
     buffer = ["buffer", "--address", buf, "--batch_size", "4", "--group_size", "4", "--max_staleness", "1",
               "--prefault_bytes", "0"]
     procs = {"buffer": start([*buffer, "--run_dir", str(run_dir)], tmp_path / "buffer.out")}
-    procs["learner"] = start(["learn", *common, "--log_dir", str(learner_dir.parent), "--weights_pub_bind", pub,
-                              "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
-    procs["actor"] = start(["rollout", *common, "--log_dir", str(actor_dir.parent), "--weights_pub", pub,
+    procs["learner"] = start(["learn", *TINY, *common, "--max_steps", "8", "--log_dir", str(learner_dir.parent),
+                              "--weights_pub_bind", pub, "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
+    procs["actor"] = start(["rollout", *TINY_ACTOR, *common, "--log_dir", str(actor_dir.parent), "--weights_pub", pub,
                             "--weights_endpoint", endpoint], tmp_path / "actor.out")
     try:
         wait_until(lambda: learner_version(learner_dir) >= 2, 300, "learner version 2", procs["learner"],

@@ -29,8 +29,9 @@ from buffer.segments import read_consumed, read_groups, read_segments
 from tests.integration.test_train import ENV, ROOT, scalars
 from tests.integration.test_weight_transports import free_ports
 
-TINY = ["--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4", "--max_new_tokens", "8",
-        "--learning_rate", "1e-3"]
+TINY_ACTOR = ["--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4",
+              "--max_new_tokens", "8"]  # what `distrl rollout` takes of TINY
+TINY = [*TINY_ACTOR, "--learning_rate", "1e-3"]
 CLI = [sys.executable, "-m", "distrl.cli"]
 
 
@@ -247,12 +248,12 @@ def test_separate_launchers_restarted_rollout_joins_and_signals_end_each_cleanly
     """Three hosts' worth of directories: the buffer's run, the learner's and the actor's."""
     buf, pub, endpoint = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
     run_dir, learner_dir, actor_dir = tmp_path / "buffer", tmp_path / "learner" / "run", tmp_path / "actor" / "run"
-    common = [*TINY, "--run_name", "run", "--max_steps", "500", "--buffer_address", buf, "--weights_transport", "zmq"]
+    common = ["--run_name", "run", "--buffer_address", buf, "--weights_transport", "zmq"]
     procs = {"buffer": start(["buffer", "--address", buf, "--run_dir", str(run_dir), "--batch_size", "4",
                               "--group_size", "4", "--max_staleness", "1"], tmp_path / "buffer.out")}
-    procs["learner"] = start(["learn", *common, "--log_dir", str(learner_dir.parent), "--weights_pub_bind", pub,
-                              "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
-    rollout = ["rollout", *common, "--log_dir", str(actor_dir.parent), "--weights_pub", pub,
+    procs["learner"] = start(["learn", *TINY, *common, "--max_steps", "500", "--log_dir", str(learner_dir.parent),
+                              "--weights_pub_bind", pub, "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
+    rollout = ["rollout", *TINY_ACTOR, *common, "--log_dir", str(actor_dir.parent), "--weights_pub", pub,
                "--weights_endpoint", endpoint]
     procs["actor"] = start(rollout, tmp_path / "actor.out")
     try:

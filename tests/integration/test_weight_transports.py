@@ -31,9 +31,9 @@ def free_ports(n: int) -> list[int]:
 def test_separate_launchers_without_shared_filesystem(tmp_path):
     buf, pub, endpoint = (f"tcp://127.0.0.1:{p}" for p in free_ports(3))
     steps = 4
-    common = ["--model", "tiny", "--task", "half_vocab", "--max_steps", str(steps), "--batch_size", "4",
-              "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-3", "--max_staleness", "0",
-              "--number_of_actors", "2", "--run_name", "xhost", "--weights_transport", "zmq"]
+    common = ["--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4", "--max_new_tokens",
+              "8", "--number_of_actors", "2", "--run_name", "xhost", "--weights_transport", "zmq"]
+    learner_only = ["--max_steps", str(steps), "--learning_rate", "1e-3", "--max_staleness", "0"]
     dirs = {name: tmp_path / name for name in ("buffer", "learner", "actor0", "actor1")}
     for d in dirs.values():
         d.mkdir()
@@ -42,8 +42,9 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
     procs = {"buffer": subprocess.Popen(cli + ["buffer", "--address", buf, "--run_dir", "run", "--batch_size", "4",
                                                "--group_size", "4", "--max_staleness", "0"],
                                         cwd=dirs["buffer"], env=env)}
-    procs["learner"] = subprocess.Popen(cli + ["learn", *common, "--buffer_address", buf, "--weights_pub_bind", pub,
-                                               "--weights_endpoint_bind", endpoint], cwd=dirs["learner"], env=env)
+    procs["learner"] = subprocess.Popen(cli + ["learn", *common, *learner_only, "--buffer_address", buf,
+                                               "--weights_pub_bind", pub, "--weights_endpoint_bind", endpoint],
+                                        cwd=dirs["learner"], env=env)
     for i in range(2):
         procs[f"actor{i}"] = subprocess.Popen(
             cli + ["rollout", *common, "--actor_id", str(i), "--buffer_address", buf, "--weights_pub", pub,

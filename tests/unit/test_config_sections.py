@@ -1,0 +1,82 @@
+"""The config per role (issue 17): sections owned by the roles, composed per command in distrl/config.py.
+
+Each option is declared in one section; a command's config is the sections its role reads; building one
+resolves derived values once, and validating it changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from distrl.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_MODULES = ["distrl/config.py", "distrl/config_offline.py", "distrl/run_options.py", "rollout/config.py",
+                  "learn/config.py", "buffer/config.py"]
+
+
+def sections(cls: type) -> list[type]:
+    """The dataclasses a command's config is made of (its bases that declare fields themselves)."""
+    return [base for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) and own_fields(base)]
+
+
+def own_fields(section: type) -> list[str]:
+    return list(vars(section).get("__annotations__", {}))
+
+
+@pytest.mark.parametrize("cls", [TrainConfig, LearnConfig, RolloutConfig, BufferConfig])
+def test_each_option_is_declared_in_one_section(cls):
+    seen: dict[str, str] = {}
+    for section in sections(cls):
+        for name in own_fields(section):
+            assert name not in seen, f"{cls.__name__}: --{name} declared in {seen[name]} and {section.__name__}"
+            seen[name] = section.__name__
+    assert set(seen) == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_train_takes_every_section_of_the_roles():
+    train = set(sections(TrainConfig))
+    for cls in (LearnConfig, RolloutConfig):
+        assert {s for s in sections(cls) if s.__module__ != "distrl.config"} <= train
+    buffer_sections = {s.__name__ for s in sections(BufferConfig)} - {"BufferEndpoint", "_ConfigFile"}
+    assert buffer_sections <= {s.__name__ for s in train}
+
+
+def test_validation_changes_nothing_and_derived_values_are_resolved_once(tmp_path):
+    template = tmp_path / "prompt.txt"
+    template.write_text("Q: {question}\nA:")
+    configs = [TrainConfig(gpu_split="3:1", batch_size=6, prompt_template=str(template),
+                           lora_target_modules=["q_proj"]),
+               LearnConfig(number_of_learners=2, batch_size=8), RolloutConfig(actor_id=3, engine="hf"),
+               BufferConfig(resume=str(tmp_path), topk=2)]
+    for cfg in configs:
+        before = dataclasses.asdict(cfg)
+        cfg.validate()
+        assert dataclasses.asdict(cfg) == before
+        assert dataclasses.replace(cfg) == cfg  # building again from the resolved values resolves nothing new
+    train, learn, rollout, buffer = configs
+    assert (train.number_of_actors, train.number_of_learners, train.gpus_per_actor) == (3, 1, 1.0)
+    assert train.run_name.startswith("distrl-") and train.prompt_template == str(template.resolve())
+    assert train.lora_target_modules == ("q_proj",)
+    assert (learn.number_of_actors, rollout.number_of_actors) == (1, 1)  # unset counts: 1
+    assert buffer.run_dir == str(tmp_path) and buffer.k == 2
+
+
+def test_cross_section_rules_hold_where_both_sections_are():
+    with pytest.raises(ValueError, match="multiple of --number_of_learners"):
+        LearnConfig(number_of_learners=3, batch_size=4)
+    with pytest.raises(ValueError, match=r"--topk must be in \[1, --group_size=4\]"):
+        TrainConfig(topk=5)
+    with pytest.raises(ValueError, match="needs --finetune full"):
+        LearnConfig(weights_transport="nccl")
+    with pytest.raises(ValueError, match="--number_of_actors must be >= 1"):
+        RolloutConfig(number_of_actors=0)
+    assert LearnConfig(number_of_actors=0, learner_generates=True).number_of_actors == 0
+
+
+def test_no_config_module_over_400_lines():
+    sizes = {name: len((ROOT / name).read_text().splitlines()) for name in CONFIG_MODULES}
+    assert max(sizes.values()) <= 400, sizes
