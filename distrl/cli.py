@@ -30,6 +30,9 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "eval": (EvalConfig, "distrl.evaluate:run"),
 }
 
+# commands that take a --config file shared by a run's roles: other commands' keys are ignored (one line says which)
+SHARED_CONFIG_FILE = ("learn", "rollout", "buffer")
+
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distrl <command> [flags]`; `--help` on any command lists every flag."""
@@ -37,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # no "Writing model shards" bar per published version (roles inherit it; set it to 0 to see them)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:  # --config FILE: its flags go before the command line's, so the command line wins
-        argv = expand_config(sys.argv[1:] if argv is None else list(argv), configs)
+        argv = expand_config(sys.argv[1:] if argv is None else list(argv), configs, shared=SHARED_CONFIG_FILE)
     except ConfigFileError as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         return 2

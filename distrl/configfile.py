@@ -7,6 +7,10 @@ command line's own flags; the parser keeps the last value of a flag, so the comm
 every value is parsed and validated exactly as if it had been typed. The file's path stays in the
 resolved config (`config` in `<run_dir>/config.json`).
 
+One file may serve every role of a run (docs/multihost.md): for the commands given as ``shared`` (`distrl
+learn|rollout|buffer`), a key that is a flag of another command is left out, and one line on stderr names
+those keys. A key no command knows is an error everywhere.
+
 Raises :class:`ConfigFileError` (a ValueError) for a missing file, another extension, a document
 that is not a mapping, a key that is not a flag of the command (naming key and file), or a value of
 another shape (a nested mapping).
@@ -15,6 +19,7 @@ another shape (a nested mapping).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -51,7 +56,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
 def flag_tokens(data: dict[str, Any], config_class: type, path: str | Path) -> list[str]:
     """Flag tokens for ``data``'s keys, checked against ``config_class``'s fields; raises ConfigFileError."""
-    names = {f.name: f for f in dataclasses.fields(config_class)}
+    names = {f.name for f in dataclasses.fields(config_class)}
     tokens: list[str] = []
     for key, value in data.items():
         if key not in names or key == "config":
@@ -70,11 +75,19 @@ def flag_tokens(data: dict[str, Any], config_class: type, path: str | Path) -> l
     return tokens
 
 
-def expand_config(argv: list[str], configs: dict[str, type]) -> list[str]:
+def other_commands_keys(data: dict[str, Any], command: str, configs: dict[str, type]) -> list[str]:
+    """The keys of ``data`` that are not flags of ``command`` but are flags of another command of ``configs``."""
+    own = {f.name for f in dataclasses.fields(configs[command])}
+    others = {f.name for name, cls in configs.items() if name != command for f in dataclasses.fields(cls)}
+    return [key for key in data if key not in own and key in others]
+
+
+def expand_config(argv: list[str], configs: dict[str, type], shared: tuple[str, ...] = ()) -> list[str]:
     """``argv`` (``[command, flags...]``) with the flags of its ``--config FILE`` inserted after the command.
 
     ``configs`` maps command names to their config classes; a command whose class has no ``config``
-    field is left alone (its parser then rejects --config). Only the last --config counts.
+    field is left alone (its parser then rejects --config). Only the last --config counts. For a command
+    in ``shared``, the file's keys that only other commands take are left out, named on one stderr line.
     """
     if not argv or argv[0] not in configs or "config" not in {f.name for f in dataclasses.fields(configs[argv[0]])}:
         return argv
@@ -86,4 +99,11 @@ def expand_config(argv: list[str], configs: dict[str, type]) -> list[str]:
             path = token.split("=", 1)[1]
     if path is None or path == "None":
         return argv
-    return [argv[0], *flag_tokens(load_config_file(path), configs[argv[0]], path), *argv[1:]]
+    data = load_config_file(path)
+    if argv[0] in shared:
+        ignored = other_commands_keys(data, argv[0], configs)
+        if ignored:
+            print(f"distrl {argv[0]}: --config {path}: ignoring {len(ignored)} keys that other commands take: "
+                  f"{', '.join(ignored)}", file=sys.stderr)
+            data = {key: value for key, value in data.items() if key not in ignored}
+    return [argv[0], *flag_tokens(data, configs[argv[0]], path), *argv[1:]]

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import tyro
 
-from distrl.cli import COMMANDS, main
+from distrl.cli import COMMANDS, SHARED_CONFIG_FILE, main
 from distrl.configfile import ConfigFileError, expand_config
 
 CONFIGS = {name: cls for name, (cls, _) in COMMANDS.items()}
 
 
 def parse(argv: list[str]):
-    return tyro.extras.subcommand_cli_from_dict(CONFIGS, args=expand_config(argv, CONFIGS), prog="distrl",
-                                                use_underscores=True)
+    return tyro.extras.subcommand_cli_from_dict(CONFIGS, args=expand_config(argv, CONFIGS, SHARED_CONFIG_FILE),
+                                                prog="distrl", use_underscores=True)
 
 
 YAML = """
@@ -90,3 +90,27 @@ def test_values_are_validated_like_flags(tmp_path):
     (tmp_path / "run.yaml").write_text("max_staleness: -1\n")
     with pytest.raises(SystemExit):  # tyro reports the config's ValueError naming --max_staleness
         parse(["train", "--config", str(tmp_path / "run.yaml")])
+
+
+def test_a_file_shared_by_the_roles_gives_each_its_own_keys(tmp_path, capsys):
+    """One file for every role (docs/multihost.md): learn, rollout and buffer leave out the keys only other
+    commands take, named on one stderr line; a key no command knows is still an error; train stays strict."""
+    path = tmp_path / "common.yaml"
+    path.write_text("model: tiny\nbatch_size: 8\nmax_steps: 5\nmax_staleness: 0\nfsync: always\n"
+                    f"run_dir: {tmp_path}\n")
+    cfg = parse(["rollout", "--config", str(path)])
+    assert (cfg.model, cfg.batch_size) == ("tiny", 8) and not hasattr(cfg, "max_steps")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"distrl rollout: --config {path}: ignoring 4 keys that other commands take: max_steps, "
+                   "max_staleness, fsync, run_dir"]
+    cfg = parse(["learn", "--config", str(path)])
+    assert (cfg.max_steps, cfg.max_staleness, cfg.batch_size) == (5, 0, 8)
+    assert "ignoring 2 keys that other commands take: fsync, run_dir" in capsys.readouterr().err
+    cfg = parse(["buffer", "--config", str(path)])
+    assert (cfg.fsync, cfg.max_staleness, cfg.run_dir) == ("always", 0, str(tmp_path))
+    assert "ignoring 2 keys that other commands take: model, max_steps" in capsys.readouterr().err
+    with pytest.raises(ConfigFileError, match="unknown key 'run_dir'"):  # train: every key must be its own
+        parse(["train", "--config", str(path)])
+    path.write_text("model: tiny\nmax_step: 5\n")
+    with pytest.raises(ConfigFileError, match="unknown key 'max_step'"):
+        parse(["rollout", "--config", str(path)])
