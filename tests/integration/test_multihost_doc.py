@@ -67,6 +67,9 @@ def test_multihost_doc_commands_run_verbatim(tmp_path):
     run_dir = tmp_path / "runs" / "job1"
     assert "version 5" in (tmp_path / "learn.out").read_text()
     assert "last policy version 5" in (tmp_path / "rollout.out").read_text()
+    # the shared file: each role left out the other roles' keys, on one line (docs/multihost.md, section 2)
+    ignored = "ignoring 2 keys that other commands take: max_staleness, max_steps"
+    assert ignored in (tmp_path / "rollout.out").read_text()
     table = read_segments(run_dir)
     assert set(table.column("actor_id").to_pylist()) == {0} and table.num_rows > 0
     assert json.loads((run_dir / "buffer.json").read_text())["config"]["curve_secret_key"].endswith("key_secret")
