@@ -11,6 +11,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+OFF_POLICY = ("none", "tis", "decoupled")
+IS_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    """How the learner corrects for data sampled by an older policy (learn/offpolicy.py's docstring; it lives
+    here, torch-free, so that its checks are the flags' checks too).
+
+    Attributes:
+        method: ``none``, ``tis`` or ``decoupled``.
+        cap: C, the truncation of the importance weight (dimensionless, >= 1; default 2.0).
+        level: ``token`` or ``sequence`` (``sequence`` only with ``tis``).
+        mask_low, mask_high: band on the token ratio rho = pi_prox / mu; tokens outside get weight 0.
+    """
+
+    method: Literal["none", "tis", "decoupled"] = "none"
+    cap: float = 2.0
+    level: Literal["token", "sequence"] = "token"
+    mask_low: Optional[float] = None
+    mask_high: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        """Raise ValueError naming the flag (--off_policy, --is_*) of the first bad field."""
+        if self.method not in OFF_POLICY:
+            raise ValueError(f"--off_policy (the correction method) must be one of {OFF_POLICY}, got {self.method!r}")
+        if self.level not in IS_LEVELS:
+            raise ValueError(f"--is_level must be one of {IS_LEVELS}, got {self.level!r}")
+        if self.level == "sequence" and self.method != "tis":
+            raise ValueError(f"sequence-level importance weights: --is_level sequence needs --off_policy tis, got "
+                             f"--off_policy {self.method}")
+        if not self.cap >= 1.0:
+            raise ValueError(f"--is_cap must be >= 1 (the importance-weight cap), got {self.cap}")
+        if self.mask_low is not None and self.mask_low < 0:
+            raise ValueError(f"--is_mask_low must be >= 0, got {self.mask_low}")
+        if self.mask_high is not None and not self.mask_high > (self.mask_low or 0.0):
+            raise ValueError(f"--is_mask_high must be > --is_mask_low and > 0, got [{self.mask_low}, {self.mask_high}]")
+
 
 def aggregation_in_effect(learner: str, given: Optional[str]) -> str:
     """The loss aggregation in effect: --loss_aggregation when given, else the --learner's default
@@ -168,14 +206,11 @@ class LearnOptions:
             raise ValueError(f"--baseline_decay must be in [0, 1), got {self.baseline_decay}")
         if not self.kl_coef >= 0:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
-        if not self.is_cap >= 1:
-            raise ValueError(f"--is_cap must be >= 1, got {self.is_cap}")
-        if self.is_level == "sequence" and self.off_policy != "tis":
-            raise ValueError(f"--is_level sequence needs --off_policy tis, got --off_policy {self.off_policy}")
-        if self.is_mask_low is not None and self.is_mask_low < 0:
-            raise ValueError(f"--is_mask_low must be >= 0, got {self.is_mask_low}")
-        if self.is_mask_high is not None and not self.is_mask_high > (self.is_mask_low or 0.0):
-            raise ValueError(f"--is_mask_high must be > --is_mask_low and > 0, got {self.is_mask_high}")
+        self.off_policy_config()  # the correction's own checks (--off_policy, --is_*)
+
+    def off_policy_config(self) -> OffPolicyConfig:
+        """The off-policy correction these flags give (learn/offpolicy.py); raises ValueError naming the flag."""
+        return OffPolicyConfig(self.off_policy, self.is_cap, self.is_level, self.is_mask_low, self.is_mask_high)
 
 
 @dataclass

@@ -49,7 +49,6 @@ from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params
 from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
 from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context, save_for_publish
-from learn.offpolicy import OffPolicyConfig
 from learn.optim import build_optimizer
 from learn.tensor_metrics import to_floats
 
@@ -193,7 +192,7 @@ def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
 def loss_config(cfg: LearnOptions) -> LossConfig:
     """The objective of ``cfg`` (``dr_grpo`` is GRPO's clipped ratio with its own aggregation)."""
     eps = cfg.clip_eps
-    off = OffPolicyConfig(cfg.off_policy, cfg.is_cap, cfg.is_level, cfg.is_mask_low, cfg.is_mask_high)
+    off = cfg.off_policy_config()
     return LossConfig(kind="pg" if cfg.learner == "pg" else "grpo",
                       clip_eps_low=eps if cfg.clip_eps_low is None else cfg.clip_eps_low,
                       clip_eps_high=eps if cfg.clip_eps_high is None else cfg.clip_eps_high,

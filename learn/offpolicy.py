@@ -44,46 +44,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional
 
 import torch
 
+from learn.config import IS_LEVELS, OFF_POLICY, OffPolicyConfig
 from learn.tensor_metrics import masked_stats
 
-OFF_POLICY = ("none", "tis", "decoupled")
-IS_LEVELS = ("token", "sequence")
-
-
-@dataclass(frozen=True)
-class OffPolicyConfig:
-    """How the learner corrects for data sampled by an older policy (see the module docstring).
-
-    Attributes:
-        method: ``none``, ``tis`` or ``decoupled``.
-        cap: C, the truncation of the importance weight (dimensionless, >= 1; default 2.0).
-        level: ``token`` or ``sequence`` (``sequence`` only with ``tis``).
-        mask_low, mask_high: band on the token ratio rho = pi_prox / mu; tokens outside get weight 0.
-    """
-
-    method: Literal["none", "tis", "decoupled"] = "none"
-    cap: float = 2.0
-    level: Literal["token", "sequence"] = "token"
-    mask_low: Optional[float] = None
-    mask_high: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        if self.method not in OFF_POLICY:
-            raise ValueError(f"off-policy method must be one of {OFF_POLICY}, got {self.method!r}")
-        if self.level not in IS_LEVELS:
-            raise ValueError(f"importance-sampling level must be one of {IS_LEVELS}, got {self.level!r}")
-        if self.level == "sequence" and self.method != "tis":
-            raise ValueError("sequence-level importance weights need method 'tis'")
-        if not self.cap >= 1.0:
-            raise ValueError(f"the importance-weight cap must be >= 1, got {self.cap}")
-        if self.mask_low is not None and self.mask_low < 0:
-            raise ValueError(f"mask_low must be >= 0, got {self.mask_low}")
-        if self.mask_high is not None and not self.mask_high > (self.mask_low or 0.0):
-            raise ValueError(f"mask_high must be > mask_low (and > 0), got [{self.mask_low}, {self.mask_high}]")
+__all__ = ["IS_LEVELS", "OFF_POLICY", "Correction", "OffPolicyConfig", "correction"]
 
 
 @dataclass
