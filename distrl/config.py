@@ -5,7 +5,7 @@ Sections (every option declared once, with its unit and default, in the package 
 | section | module | read by |
 |---|---|---|
 | SharedOptions, BatchOptions, StalenessOptions | distrl/run_options.py | actors and learners (and the buffer) |
-| TaskOptions, RolloutOptions | rollout/config.py | generators (actors, --learner_generates, the warm start); actors |
+| PromptOptions, TaskOptions, RolloutOptions | rollout/config.py | generators (and eval: prompts); actors |
 | LearnOptions, WarmStartOptions | learn/config.py | learners; `distrl train`'s warm start |
 | SelectionOptions, StorageOptions, TopkOptions, BufferEndpoint | buffer/config.py | the buffer |
 | _ConfigFile, _RunDir, _TrainOptions, the addresses | here | the commands |
@@ -39,7 +39,7 @@ from buffer.config import (
 from distrl.config_offline import EvalConfig, ReplayConfig
 from distrl.run_options import BatchOptions, SharedOptions, StalenessOptions
 from learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
-from rollout.config import TASKS, RolloutOptions, TaskOptions, check_reward_spec, read_prompt_template
+from rollout.config import TASKS, PromptOptions, RolloutOptions, TaskOptions, check_reward_spec, read_prompt_template
 
 __all__ = ["BufferConfig", "EvalConfig", "LearnConfig", "ReplayConfig", "RolloutConfig", "TrainConfig",
            "SelectionOptions", "StorageOptions", "buffer_options", "TASKS", "check_reward_spec",
@@ -236,8 +236,8 @@ def learner_options_agree(cfg) -> None:
 
 @dataclass
 class TrainConfig(_Composed, _LearnerView, _BufferView, _TrainOptions, WarmStartOptions, StorageOptions,
-                  SelectionOptions, TopkOptions, RolloutOptions, TaskOptions, LearnOptions, StalenessOptions,
-                  BatchOptions, SharedOptions, _RunDir, _ConfigFile):
+                  SelectionOptions, TopkOptions, RolloutOptions, TaskOptions, PromptOptions, LearnOptions,
+                  StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
     """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
 
     rules = (actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree)
@@ -258,8 +258,8 @@ class _LearnEndpoints:
 
 
 @dataclass
-class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, TaskOptions, LearnOptions,
-                  StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
+class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, TaskOptions, PromptOptions,
+                  LearnOptions, StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
     """One learner rank as a plain process (`distrl learn`), wired to the buffer by ZMQ address only.
 
     Several ranks run under `torchrun --nproc_per_node N -m distrl.cli learn ...` (rank and world size
@@ -286,8 +286,8 @@ class _RolloutEndpoints:
 
 
 @dataclass
-class RolloutConfig(_Composed, _RolloutEndpoints, _BufferAddress, RolloutOptions, TaskOptions, BatchOptions,
-                    SharedOptions, _RunDir, _ConfigFile):
+class RolloutConfig(_Composed, _RolloutEndpoints, _BufferAddress, RolloutOptions, TaskOptions, PromptOptions,
+                    BatchOptions, SharedOptions, _RunDir, _ConfigFile):
     """One rollout actor as a plain process (`distrl rollout`), wired by ZMQ addresses only.
 
     Writes its weight cache, tb/actor<id>/ and logs/ under `<log_dir>/<run_name>/`.

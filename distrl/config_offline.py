@@ -15,6 +15,7 @@ from typing import Literal, Optional
 from tyro.conf import Positional
 
 from buffer.config import SelectionOptions
+from rollout.config import PromptOptions
 
 
 @dataclass
@@ -83,33 +84,26 @@ class ReplayConfig(SelectionOptions, _ReplaySource):
 
 
 @dataclass
-class EvalConfig:
+class _EvalModel:
+    model: str
+    """Hub id or local directory of the base causal LM; `tiny` builds the embedded tiny model (--seed)."""
+
+
+@dataclass
+class EvalConfig(PromptOptions, _EvalModel):
     """Evaluate a model, or a policy version a run published, on a dataset (`distrl eval`).
 
     Samples --num_samples completions per problem, scores them with the task's reward, prints pass@1
     (accuracy), pass@k, maj@k and mean length, overall and per group (MATH-500: subject, level), and
-    writes them with every sample to --output (docs/eval.md).
+    writes them with every sample to --output (docs/eval.md). The prompt options are `distrl train`'s
+    (use the run's own).
     """
 
-    model: str
-    """Hub id or local directory of the base causal LM; `tiny` builds the embedded tiny model (--seed)."""
     adapter: Optional[str] = None
     """A policy version directory a run published (`<run_dir>/weights/vNNNNNN`): a LoRA adapter (it holds
     adapter_config.json) or full weights, loaded into the engine over --model (unset: --model alone)."""
-    dataset: Optional[str] = None
-    """Local .jsonl/.json/.parquet file or hub id (unset: the built-in task's held-out problems)."""
-    task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
-    """Task (prompt template + reward); default inferred from the dataset, `arith` without one."""
     split: Optional[str] = None
     """Dataset split (unset: `test` for MATH-500's hub id, else `train`, which is what a local file holds)."""
-    arith_ops: str = "+-"
-    """`arith` only: the operators of its problems, as `distrl train --arith_ops` (use the run's own)."""
-    arith_max_operand: int = 99
-    """`arith` only: operands are integers in [0, arith_max_operand], as `distrl train --arith_max_operand`."""
-    prompt_template: Optional[str] = None
-    """The prompt with `{question}`, or a file holding it, as `distrl train --prompt_template` (unset: the task's)."""
-    chat_template: Literal["auto", "on", "off"] = "auto"
-    """Whether the tokenizer's chat template wraps the prompt, as `distrl train --chat_template`."""
     tokenizer: Optional[str] = None
     """Tokenizer hub id or directory (unset: the model's own)."""
     num_samples: int = 1
@@ -144,10 +138,8 @@ class EvalConfig:
         if self.sampling_temperature == 0 and self.num_samples > 1:
             raise ValueError(f"--num_samples {self.num_samples} with --temperature 0 samples the same greedy "
                              "completion each time: give --temperature > 0")
-        if not self.arith_ops or set(self.arith_ops) - set("+-*"):
-            raise ValueError(f"--arith_ops must be made of + - * (e.g. '+' or '+-'), got {self.arith_ops!r}")
-        if self.arith_max_operand < 1:
-            raise ValueError(f"--arith_max_operand must be >= 1, got {self.arith_max_operand}")
+        PromptOptions.resolve(self)
+        PromptOptions.check(self)
         if self.ks is not None and any(not 1 <= k <= self.num_samples for k in self.ks):
             raise ValueError(f"--ks must each be in [1, --num_samples={self.num_samples}], got {list(self.ks)}")
         if self.adapter is not None and not Path(self.adapter).is_dir():

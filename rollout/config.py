@@ -64,15 +64,54 @@ def read_prompt_template(value: str) -> str:
 
 
 @dataclass
-class TaskOptions:
-    """What a generator samples from and how it is scored: read by actors, --learner_generates and the
-    warm start."""
+class PromptOptions:
+    """Where the problems come from and how each becomes a prompt: read by every generator (actors,
+    --learner_generates, the warm start) and by `distrl eval`."""
 
     dataset: Optional[str] = None
-    """Hub id (e.g. `openai/gsm8k`) or a local .jsonl/.parquet file; unused by the built-in tasks."""
+    """Hub id (e.g. `openai/gsm8k`) or a local .jsonl/.json/.parquet file; unused by the built-in tasks
+    (`distrl eval` without one takes the built-in task's held-out problems)."""
     task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
     """Task (prompt template + reward): arith, gsm8k, math500, half_vocab. Default: inferred from the
     dataset's fields or name, `arith` when no dataset is given."""
+    prompt_template: Optional[str] = None
+    """The prompt text, with `{question}` where the problem goes (every `{question}` is replaced; other
+    braces are kept, so `\\boxed{}` needs no escaping), or a file holding it. With a chat template it is
+    the user turn (after the task's system prompt); without, the whole prompt. Unset: the task's own."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """`auto`: wrap the prompt in the tokenizer's chat template when it has one; `on`: always (an error at
+    actor start if the tokenizer has none); `off`: plain text, never the chat template."""
+    arith_ops: str = "+-"
+    """`arith` task only: the operators its problems draw from, any of `+ - *` written together (e.g. `+`
+    for two-number addition only, as `make demo` uses)."""
+    arith_max_operand: int = 99
+    """`arith` task only: operands are integers in [0, arith_max_operand]."""
+
+    def resolve(self) -> None:
+        """A --prompt_template file becomes an absolute path, so that roles started elsewhere (Ray workers,
+        another directory) find it."""
+        if self.prompt_template is not None and template_is_file(self.prompt_template):
+            self.prompt_template = str(Path(self.prompt_template).expanduser().resolve())
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad prompt option."""
+        if self.task is not None and self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if self.prompt_template is not None:
+            read_prompt_template(self.prompt_template)
+        if self.chat_template not in ("auto", "on", "off"):
+            raise ValueError(f"--chat_template must be one of auto, on, off, got {self.chat_template!r}")
+        if not self.arith_ops or set(self.arith_ops) - set("+-*"):
+            raise ValueError(f"--arith_ops must be made of + - * (e.g. '+' or '+-'), got {self.arith_ops!r}")
+        if self.arith_max_operand < 1:
+            raise ValueError(f"--arith_max_operand must be >= 1, got {self.arith_max_operand}")
+
+
+@dataclass
+class TaskOptions:
+    """How a generator's completions are scored, long prompts treated and held-out problems set aside:
+    read by actors, --learner_generates and the warm start (with PromptOptions)."""
+
     reward: Optional[str] = None
     """Your own reward instead of the task's: `module:function` (importable) or `path/to/file.py:function`.
     Called as `function(completion_text: str, problem: rollout.tasks.Problem) -> float | (float, dict[str,
@@ -83,24 +122,12 @@ class TaskOptions:
     """Seconds one call of the --reward function may take: it runs in a child process of each actor
     (JSON lines, nothing pickled), killed and restarted past the limit, and that completion scores 0 with
     component `timeout` 1. `None` calls it in the actor's own process, unbounded."""
-    prompt_template: Optional[str] = None
-    """The prompt text, with `{question}` where the problem goes (every `{question}` is replaced; other
-    braces are kept, so `\\boxed{}` needs no escaping), or a file holding it. With a chat template it is
-    the user turn (after the task's system prompt); without, the whole prompt. Unset: the task's own."""
-    chat_template: Literal["auto", "on", "off"] = "auto"
-    """`auto`: wrap the prompt in the tokenizer's chat template when it has one; `on`: always (an error at
-    actor start if the tokenizer has none); `off`: plain text, never the chat template."""
     long_prompts: Literal["skip", "truncate", "error"] = "skip"
     """Prompts longer, as templated (chat template included), than --max_model_len minus --max_new_tokens
     tokens: `skip` never generates for them and counts them (TensorBoard `rollout/long_prompts_skipped`,
     summary `long_prompts_skipped`); `truncate` keeps their last tokens (the question's end and the
     assistant header the model answers after); `error` refuses the run at start, naming how many
     (rollout/prompt_fit.py)."""
-    arith_ops: str = "+-"
-    """`arith` task only: the operators its problems draw from, any of `+ - *` written together (e.g. `+`
-    for two-number addition only, as `make demo` uses)."""
-    arith_max_operand: int = 99
-    """`arith` task only: operands are integers in [0, arith_max_operand]."""
     eval_every: Optional[int] = None
     """Policy versions between evaluations on a held-out set (unset or 0: no evaluation). Actor 0 evaluates
     with its own engine at version 0, at every multiple of N it serves, and at the final version; it
@@ -112,34 +139,22 @@ class TaskOptions:
     dataset rows otherwise; every actor leaves them out of its training stream."""
 
     def resolve(self) -> None:
-        """--reward and --prompt_template files become absolute paths, so that roles started elsewhere (Ray
-        workers, another directory) find them; raises ValueError on a bad --reward or --prompt_template."""
+        """A --reward file becomes an absolute path, so that roles started elsewhere (Ray workers, another
+        directory) find it; raises ValueError on a bad --reward."""
         if self.reward is not None:
             module, func = check_reward_spec(self.reward)
             if module.endswith(".py"):
                 self.reward = f"{Path(module).expanduser().resolve()}:{func}"
-        if self.prompt_template is not None and template_is_file(self.prompt_template):
-            self.prompt_template = str(Path(self.prompt_template).expanduser().resolve())
 
     def check(self) -> None:
         """Raise ValueError naming the first bad task option (the --reward module is imported by the actors,
         not here)."""
-        if self.task is not None and self.task not in TASKS:
-            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.reward is not None:
             check_reward_spec(self.reward)
         if self.reward_timeout_s is not None and not self.reward_timeout_s > 0:
             raise ValueError(f"--reward_timeout_s must be > 0 or None, got {self.reward_timeout_s}")
-        if self.prompt_template is not None:
-            read_prompt_template(self.prompt_template)
-        for name, allowed in (("chat_template", ("auto", "on", "off")),
-                              ("long_prompts", ("skip", "truncate", "error"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"--{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if not self.arith_ops or set(self.arith_ops) - set("+-*"):
-            raise ValueError(f"--arith_ops must be made of + - * (e.g. '+' or '+-'), got {self.arith_ops!r}")
-        if self.arith_max_operand < 1:
-            raise ValueError(f"--arith_max_operand must be >= 1, got {self.arith_max_operand}")
+        if self.long_prompts not in ("skip", "truncate", "error"):
+            raise ValueError(f"--long_prompts must be one of skip, truncate, error, got {self.long_prompts!r}")
         if self.eval_every is not None and self.eval_every < 0:
             raise ValueError(f"--eval_every must be >= 0 (0 or unset: no evaluation), got {self.eval_every}")
         if self.eval_size < 1:
