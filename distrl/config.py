@@ -39,11 +39,10 @@ from buffer.config import (
 from distrl.config_offline import EvalConfig, ReplayConfig
 from distrl.run_options import BatchOptions, SharedOptions, StalenessOptions
 from learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
-from rollout.config import TASKS, PromptOptions, RolloutOptions, TaskOptions, check_reward_spec, read_prompt_template
+from rollout.config import PromptOptions, RolloutOptions, TaskOptions
 
 __all__ = ["BufferConfig", "EvalConfig", "LearnConfig", "ReplayConfig", "RolloutConfig", "TrainConfig",
-           "SelectionOptions", "StorageOptions", "buffer_options", "TASKS", "check_reward_spec",
-           "read_prompt_template"]
+           "SelectionOptions", "StorageOptions", "buffer_options"]
 
 DEFAULT_WEIGHTS_PUB = "tcp://127.0.0.1:5556"
 DEFAULT_WEIGHTS_ENDPOINT = "tcp://127.0.0.1:5557"
