@@ -116,7 +116,8 @@ def run_distrl(args, case: str, out: Path) -> dict:
     proc = subprocess.Popen(distrl_command(args, case, work), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     how = stop_when_done(proc, work / case / "eval.jsonl", args.minutes, args.hard_s)
     lines = read_eval(work / case / "eval.jsonl")
-    return {"case": case, "how": how, "curve": train_seconds(lines), "command": " ".join(distrl_command(args, case, work)[2:]),
+    return {"case": case, "how": how, "curve": train_seconds(lines),
+            "command": " ".join(distrl_command(args, case, work)[2:]),
             "peak_memory_gib": peak_memory_gib(work / case / "tb"), "wall_s": lines[-1]["wall_s"] if lines else None}
 
 
@@ -147,14 +148,18 @@ def run_trl(args, out: Path) -> dict:
     stream = task.problems(1)
     problems = [next(stream) for _ in range(args.batch_size * 3000)]
     ds = Dataset.from_dict({"prompt": [task.prompt(p, tok) for p in problems], "idx": list(range(len(problems)))})
-    curve, clock = [], {"t0": 0.0, "evals": 0.0, "engine": None}
+    curve, clock = [], {"t0": 0.0, "evals": 0.0, "engine": None, "started": time.time()}
 
     def evaluate(model, step: int) -> None:
         t = time.time()
         if clock["engine"] is None:
             clock["engine"] = HFEngine.sharing(model, tok, seed=0)
         clock["engine"].version = step
-        report = evaluate_engine(clock["engine"], task, heldout, max_new_tokens=args.max_new_tokens, seed=0)
+        training, _ = model.training, model.eval()  # train mode would recompute layers (gradient checkpointing)
+        try:
+            report = evaluate_engine(clock["engine"], task, heldout, max_new_tokens=args.max_new_tokens, seed=0)
+        finally:
+            model.train(training)
         curve.append((round(t - clock["t0"] - clock["evals"], 2), step, report.metrics["accuracy"]))
         clock["evals"] += time.time() - t
 
@@ -167,14 +172,16 @@ def run_trl(args, out: Path) -> dict:
             if state.global_step % args.eval_every == 0:
                 torch.cuda.synchronize() if torch.cuda.is_available() else None
                 evaluate(model, state.global_step)
-                control.should_training_stop = curve[-1][0] >= 60 * args.minutes
+                control.should_training_stop = (curve[-1][0] >= 60 * args.minutes
+                                                 or time.time() - clock["started"] > args.hard_s)
 
     def reward(completions, idx, completion_ids, **kw):
         return [task.reward(text, ids, problems[i])[0] for text, ids, i in zip(completions, completion_ids, idx)]
 
     cuda = torch.cuda.is_available()
-    cfg = GRPOConfig(output_dir=str(Path(args.work) / "trl"), per_device_train_batch_size=args.batch_size * args.group_size,
-                     gradient_accumulation_steps=1, num_generations=args.group_size, max_steps=3000,
+    cfg = GRPOConfig(output_dir=str(Path(args.work) / "trl"), gradient_accumulation_steps=1,
+                     per_device_train_batch_size=args.batch_size * args.group_size,
+                     num_generations=args.group_size, max_steps=3000,
                      max_completion_length=args.max_new_tokens, temperature=1.0, beta=0.0, learning_rate=args.lr,
                      lr_scheduler_type="constant", bf16=cuda, logging_steps=10, save_strategy="no", report_to="none",
                      use_vllm=False, model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"}, seed=1,
@@ -183,7 +190,8 @@ def run_trl(args, out: Path) -> dict:
                           processing_class=tok, callbacks=[Eval()])
     trainer.train()
     peak = round(torch.cuda.max_memory_allocated() / 2**30, 3) if cuda else None
-    return {"case": "trl", "how": "stopped at the time cap", "curve": curve, "peak_memory_gib": peak,
+    how = "stopped at the time cap" if curve[-1][0] >= 60 * args.minutes else "stopped at --hard_s"
+    return {"case": "trl", "how": how, "curve": curve, "peak_memory_gib": peak,
             "command": f"trl.GRPOTrainer, GRPOConfig(learning_rate={args.lr}, lr_scheduler_type='constant', beta=0, "
                        f"per_device_train_batch_size={args.batch_size * args.group_size}, num_generations="
                        f"{args.group_size}, max_completion_length={args.max_new_tokens}, use_vllm=False, bf16)"}
@@ -231,7 +239,8 @@ def summarize(results: dict[str, dict]) -> dict:
 
 
 def table(summary: dict) -> str:
-    rows = [f"{'case':<9} {'before':>7} {'after':>7} {'gain':>7} {'versions':>8} {'train_s':>8} {'v/min':>6} {'peak GiB':>8}"]
+    rows = [f"{'case':<9} {'before':>7} {'after':>7} {'gain':>7} {'versions':>8} {'train_s':>8} {'v/min':>6} "
+            f"{'peak GiB':>8}"]
     for case, c in summary["cases"].items():
         curve = c["curve"]
         if not curve:

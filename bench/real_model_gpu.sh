@@ -24,5 +24,5 @@ python3 -m bench.real_model run --model /tmp/stage/SmolLM2-135M-Instruct.Q4_1.gg
   > /tmp/rm_out.txt 2>&1 || echo "bench.real_model exited $?"
 mkdir -p "$OUT/cases"
 cp /tmp/rm_out/*.json "$OUT/cases/" 2>/dev/null || true
-tar czf "$OUT/logs.tgz" -C /tmp rm_out $(cd /tmp && ls -d real_model/*/logs 2>/dev/null) 2>/dev/null || true
+tar czf "$OUT/logs.tgz" -C /tmp rm_out $(cd /tmp && ls -d real_model/*/logs real_model/*/tb 2>/dev/null) 2>/dev/null || true
 cat /tmp/rm_out.txt | grep -v -E "Loading weights|it/s\]|UserWarning|warnings.warn" | tail -40
