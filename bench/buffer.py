@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from buffer.client import BufferClient  # noqa: E402
-from distrl import wire  # noqa: E402
-from distrl.wire import COMPLETION_SCHEMA  # noqa: E402
+from distrl.core import wire  # noqa: E402
+from distrl.core.wire import COMPLETION_SCHEMA  # noqa: E402
 
 
 def make_groups(n_groups: int, group_size: int, completion_len: int, prompt_len: int, tag: str) -> list[pa.Table]:
@@ -297,7 +297,7 @@ def main() -> dict:
 
 
 def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str, *extra: str) -> subprocess.Popen:
-    return start([sys.executable, "-m", "distrl.cli", "buffer", "--address", f"tcp://127.0.0.1:{port}", "--run_dir",
+    return start([sys.executable, "-m", "distrl", "buffer", "--address", f"tcp://127.0.0.1:{port}", "--run_dir",
                   run_dir, "--batch_size", "256", "--group_size", str(n), "--topk", str(k), "--max_staleness",
                   "1000000", "--fsync", fsync, "--max_rows", "4000000", "--max_bytes", str(16 * 2**30), *extra])
 

@@ -95,8 +95,8 @@ def model_flops(cfg, seq_lens: list[int], completion_tokens: int, finetune: str 
 
 
 def synthetic_rows(n: int, group: int, prompt_len: int, completion_lens: list[int], vocab: int, seed: int = 0):
-    """``n`` completion rows (``n / group`` groups) of distrl.wire.COMPLETION_SCHEMA with random ids."""
-    from distrl.wire import table_from_rows
+    """``n`` completion rows (``n / group`` groups) of distrl.core.wire.COMPLETION_SCHEMA with random ids."""
+    from distrl.core.wire import table_from_rows
 
     rnd = random.Random(seed)
     rows = []
@@ -219,7 +219,7 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     """Median step time of one learner configuration on ``table``; profiles ``--profile_variant``."""
     import torch
 
-    from distrl.config import TrainConfig
+    from distrl.cmd.config import TrainConfig
     from learn.learner import Learner
 
     cuda = torch.cuda.is_available()
@@ -321,7 +321,7 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     logs = work / f"{run_name}.logs"
     shutil.rmtree(work / run_name, ignore_errors=True)  # a fresh run each time
     logs.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "distrl.cli"]
+    cli = [sys.executable, "-m", "distrl"]
     procs = {
         "buffer": subprocess.Popen(cli + ["buffer", "--run_dir", str(work / run_name / "buffer"), "--address", buf,
                                           *common], cwd=ROOT, env=env, stdout=open(logs / "buffer.out", "w"),

@@ -61,7 +61,7 @@ def distrl_command(args, case: str, work: Path) -> list[str]:
     """The `distrl train` command line of a distrl case (distrl<seed>, unsloth, qlora, hflora)."""
     lora = case in LORA
     seed = case[len("distrl"):] if case.startswith("distrl") else "1"
-    cmd = [sys.executable, "-m", "distrl.cli", "train", "--model", args.model, *TASK_FLAGS,
+    cmd = [sys.executable, "-m", "distrl", "train", "--model", args.model, *TASK_FLAGS,
            "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
            "--group_size", str(args.group_size), "--engine", "hf", "--max_staleness", "1",
            "--eval_every", str(args.eval_every), "--eval_size", str(args.eval_size), "--max_steps", "100000",
@@ -138,8 +138,8 @@ def run_trl(args, out: Path) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from distrl.evaluate import evaluate_engine
-    from distrl.gguf import resolve_model
+    from distrl.cmd.evaluate import evaluate_engine
+    from distrl.core.gguf import resolve_model
     from rollout.engines.hf import HFEngine
 
     model_dir = resolve_model(args.model)
@@ -276,7 +276,7 @@ def plot(summary: dict, path: Path) -> None:
 
 def run(args) -> None:
     """Every case of --cases at the same time (each its own process), then the table and the JSON line."""
-    from distrl.gguf import resolve_model
+    from distrl.core.gguf import resolve_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,12 +21,12 @@ def command(flags: list[str]) -> str:
 
 
 def train(flags: list[str], log_dir: Path, timeout_s: int = 7200) -> tuple[Path, float]:
-    """Run `python -m distrl.cli train FLAGS --log_dir LOG_DIR`; returns (run_dir, wall seconds).
+    """Run `python -m distrl train FLAGS --log_dir LOG_DIR`; returns (run_dir, wall seconds).
 
     `flags` must contain `--run_name`. Raises RuntimeError with the run's output tail if it fails.
     """
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "train", *flags, "--log_dir", str(log_dir)],
+    proc = subprocess.run([sys.executable, "-m", "distrl", "train", *flags, "--log_dir", str(log_dir)],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
         raise RuntimeError(f"{command(flags)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -36,7 +36,7 @@ def train(flags: list[str], log_dir: Path, timeout_s: int = 7200) -> tuple[Path,
 
 def scalars(run_dir: Path, tag: str, role: str = "learner0") -> dict[int, float]:
     """{policy version: value} of one TensorBoard scalar of a run."""
-    from distrl.report import read_scalars
+    from distrl.cmd.report import read_scalars
 
     return dict(read_scalars(run_dir / "tb" / role, (tag,)).get(tag, []))
 

@@ -3,7 +3,7 @@
 Starts `distrl train` (default: `make demo`'s configuration without its warm start, with a practically
 endless `--max_steps`, no evaluation and a small `--dedup_window`, see FLAGS), then every `--interval_s`
 seconds samples the resident set size of each role by pid (the driver, and `buffer0`, `learner0`,
-`actor0`, ... from the role files `<run_dir>/roles/<name>.json` of distrl/faults.py; a restarted role is
+`actor0`, ... from the role files `<run_dir>/roles/<name>.json` of distrl/cmd/faults.py; a restarted role is
 followed to its new pid) and the policy version (the buffer's STATS `learner_version`, from the address
 the buffer logs in `<run_dir>/logs/buffer0.log`). At the end it interrupts the run (SIGINT to the
 driver, by pid) and waits for it to exit.
@@ -61,7 +61,7 @@ def rss_mb(pid: int) -> float | None:
 
 
 def role_pids(run_dir: Path) -> dict[str, int]:
-    """``{role name: pid}`` from ``<run_dir>/roles/*.json`` (what distrl.faults.write_role_file wrote)."""
+    """``{role name: pid}`` from ``<run_dir>/roles/*.json`` (what distrl.cmd.faults.write_role_file wrote)."""
     pids = {}
     for path in sorted((run_dir / "roles").glob("*.json")):
         try:
@@ -104,7 +104,7 @@ def soak(flags: list[str], minutes: float, log_dir: Path, interval_s: float) -> 
 
     run_dir = log_dir / "soak"
     out = open(log_dir / "driver.out", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "train", *flags, "--log_dir", str(log_dir),
+    proc = subprocess.Popen([sys.executable, "-m", "distrl", "train", *flags, "--log_dir", str(log_dir),
                              "--run_name", "soak"], cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
     samples, client, end = [], None, time.time() + 60 * minutes
     try:

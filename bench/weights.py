@@ -48,7 +48,7 @@ def build_model(out: Path, dtype: str, arch: dict) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from distrl.tiny import build_tokenizer
+    from distrl.core.tiny import build_tokenizer
 
     if (out / "config.json").exists():
         return out

@@ -14,7 +14,7 @@ grants credits that the rule still bounds. Not thread-safe: one client per threa
 An ERROR reply raises :class:`BufferRefused` (a RuntimeError) whose ``code`` is the reply's code
 (docs/protocol.md); ``full`` raises its subclass :class:`BufferFullError`, which :meth:`BufferClient.put`
 first waits out (backpressure), ``exhausted`` (offline replay) raises :class:`ReplayExhausted`, and
-``no_progress`` (the run cannot advance) raises :class:`BufferStalled`, a :class:`distrl.errors.NoProgress`
+``no_progress`` (the run cannot advance) raises :class:`BufferStalled`, a :class:`distrl.core.errors.NoProgress`
 whose text is the buffer's one line.
 """
 
@@ -28,9 +28,9 @@ import pyarrow as pa
 import zmq
 
 from buffer.security import apply_client_keys
-from distrl import wire
-from distrl.errors import NoProgress
-from distrl.wire import Header, MsgType
+from distrl.core import wire
+from distrl.core.errors import NoProgress
+from distrl.core.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The buffer's config section: how it selects training data, its memory and disk bounds, its endpoint.
 
-Torch-free, owned by the buffer. ``distrl/config.py`` composes these sections with the foundation's
-(``distrl/run_options.py``) into `distrl buffer`'s and `distrl train`'s configs and holds the rules that
+Torch-free, owned by the buffer. ``distrl/cmd/config.py`` composes these sections with the foundation's
+(``distrl/core/run_options.py``) into `distrl buffer`'s and `distrl train`'s configs and holds the rules that
 join two sections (``--topk`` against ``--group_size``). Each section's ``check`` raises ValueError naming
 the first bad flag and never changes the config; ``resolve`` computes its derived values at construction.
 """
@@ -19,7 +19,7 @@ DEFAULT_BUFFER_ADDRESS = "tcp://127.0.0.1:5555"
 
 @dataclass
 class TopkOptions:
-    """How much of each group trains (with --group_size: the rule joining them is in distrl/config.py)."""
+    """How much of each group trains (with --group_size: the rule joining them is in distrl/cmd/config.py)."""
 
     topk: Optional[int] = None
     """Completions kept per group for training, the k best by --topk_by (unset: all n)."""

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from buffer.config import buffer_options
 from buffer.server import BufferServer
-from distrl.logs import LOG_FORMAT
+from distrl.core.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
 
 
 def run(cfg) -> dict:
-    """Serve the buffer of ``cfg`` (a ``distrl.config.BufferConfig``) until asked to stop; returns its
+    """Serve the buffer of ``cfg`` (a ``distrl.cmd.config.BufferConfig``) until asked to stop; returns its
     final counters."""
     run_dir = Path(cfg.run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)

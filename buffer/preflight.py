@@ -2,7 +2,7 @@
 
 A new buffer's ``--run_dir`` must hold no segment log (the server would refuse it after binding);
 ``--resume`` must name a directory where a buffer ran (its ``segments/``). Each failure is a
-:class:`distrl.errors.PreflightError` naming the flag (docs/troubleshooting.md).
+:class:`distrl.core.errors.PreflightError` naming the flag (docs/troubleshooting.md).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from buffer.segments import segment_paths
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 
 
 def check(cfg) -> None:

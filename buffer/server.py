@@ -14,7 +14,7 @@ answered too. Every request gets exactly one reply, echoing its ``seq``:
 
 Progress guard: once ``--max_filtered_groups`` groups in a row were dropped by ``--filter_zero_variance``
 (:meth:`GroupStore.check_progress`) no batch may ever form. The buffer logs it once, answers GETs with
-ERROR ``no_progress`` (the client raises :class:`distrl.errors.NoProgress`) and credits with ``stop``,
+ERROR ``no_progress`` (the client raises :class:`distrl.core.errors.NoProgress`) and credits with ``stop``,
 for ``NO_PROGRESS_GRACE_S`` seconds so that learners and actors hear it; then, unless a SHUTDOWN came
 meanwhile, :meth:`BufferServer.serve` raises NoProgress.
 
@@ -60,10 +60,10 @@ from buffer.recovery import restore_store
 from buffer.security import CurveServer
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
 from buffer.store import DEDUP_WINDOW, MAX_FILTERED_GROUPS, BufferFull, GroupStore
-from distrl import wire
-from distrl.errors import NoProgress
-from distrl.metrics import Metrics
-from distrl.wire import Header, MsgType
+from distrl.core import wire
+from distrl.core.errors import NoProgress
+from distrl.core.metrics import Metrics
+from distrl.core.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The buffer's pure core: held groups, staleness eviction, selection, credits and bounds. No sockets.
 
 A *group* is the ``group_size`` completions of one prompt instance (rows of
-:data:`distrl.wire.COMPLETION_SCHEMA`). Each accepted group gets a sequence number ``seq`` in PUT
+:data:`distrl.core.wire.COMPLETION_SCHEMA`). Each accepted group gets a sequence number ``seq`` in PUT
 order (its position in the segment log). It is held as the record batch it arrived in (zero-copy
 over the received message); its top-k rows (:func:`buffer.held.parse_groups`, the same rule as
 :func:`buffer.selection.topk_rows`) are chosen on arrival and cut out, for all groups of a batch at
@@ -18,7 +18,7 @@ Groups leave memory otherwise only by eviction, counted per reason: ``stale`` (t
 ``policy_version + max_staleness``) and ``zero_variance`` (``filter_zero_variance``: all rewards
 equal). An evicted group gives its credit back. A run whose every group is filtered could never train:
 after ``max_filtered_groups`` filtered groups in a row (any group that passes the filter resets the
-count) :meth:`GroupStore.check_progress` raises :class:`distrl.errors.NoProgress`.
+count) :meth:`GroupStore.check_progress` raises :class:`distrl.core.errors.NoProgress`.
 
 Credits follow AReaL's rule: at most ``(learner_version + max_staleness + 1) * batch_size`` groups may
 be granted, net of refunds. When memory is full (``max_rows`` completions or ``max_bytes`` Arrow bytes
@@ -38,8 +38,8 @@ import pyarrow as pa
 
 from buffer.held import Parsed, RecentIds, Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
-from distrl.errors import NoProgress
-from distrl.wire import COMPLETION_SCHEMA
+from distrl.core.errors import NoProgress
+from distrl.core.wire import COMPLETION_SCHEMA
 
 EVICTION_REASONS = ("stale", "zero_variance")
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
@@ -438,7 +438,7 @@ class GroupStore:
         return int(self._eligible(self.learner_version if learner_version is None else learner_version).size)
 
     def check_progress(self) -> None:
-        """Raise :class:`distrl.errors.NoProgress` (one line naming the flags) once ``max_filtered_groups``
+        """Raise :class:`distrl.core.errors.NoProgress` (one line naming the flags) once ``max_filtered_groups``
         groups in a row were dropped by ``filter_zero_variance``: no batch may ever form. A sparse reward
         (a few groups that vary among many that do not) resets the count with each group that varies."""
         if self.max_filtered_groups and self.filtered_in_a_row >= self.max_filtered_groups:

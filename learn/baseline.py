@@ -1,7 +1,7 @@
 """Learner-state baselines for REINFORCE (``--learner pg --pg_baseline running_mean``).
 
 Williams (1992) allows any baseline that does not depend on the action; the group mean (computed by
-the actor, ``distrl.advantages``) needs several completions of one prompt, a running mean of the reward
+the actor, ``distrl.core.advantages``) needs several completions of one prompt, a running mean of the reward
 does not. The value is kept by every learner rank and updated from the all-reduced mean reward of the
 version's whole batch, so all ranks hold the same baseline.
 """

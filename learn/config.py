@@ -1,7 +1,7 @@
 """The learner's config section: the loss, off-policy correction, optimizer, model and checkpoints.
 
-Torch-free, owned by the learner. ``distrl/config.py`` composes it with the foundation's sections
-(``distrl/run_options.py``) into `distrl learn`'s and `distrl train`'s configs and holds the rules that
+Torch-free, owned by the learner. ``distrl/cmd/config.py`` composes it with the foundation's sections
+(``distrl/core/run_options.py``) into `distrl learn`'s and `distrl train`'s configs and holds the rules that
 join two sections (e.g. `--pg_baseline running_mean` needs `--learner pg`). ``check`` raises ValueError
 naming the first bad flag and never changes the config; ``resolve`` computes derived values at construction.
 """

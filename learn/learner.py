@@ -13,7 +13,7 @@ of the buffer's one selection for version V and then, per version:
 4. rank 0 saves the weights as version V+1 and announces them (format ``lora`` or ``full``).
 
 Zero-variance groups have all-zero advantages and contribute exactly zero to the policy term (no NaN:
-``distrl.advantages`` returns exact zeros). When the WHOLE version's batch (all ranks) has zero
+``distrl.core.advantages`` returns exact zeros). When the WHOLE version's batch (all ranks) has zero
 advantages and there is no KL term, the gradient would be exactly zero but AdamW would still move the
 weights along its momentum; the learner then skips the forward, backward and optimizer step, still
 advances the learning-rate schedule, increments the version (the weights are unchanged) and publishes
@@ -24,7 +24,7 @@ and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards 
 version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
 ``learn.model.export_final``).
 
-Works under Ray (``distrl.trainer.LearnerRole`` creates the process group) and under torchrun
+Works under Ray (``distrl.cmd.trainer.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``learn.distributed``).
 """
 
@@ -41,7 +41,7 @@ from typing import Optional
 import pyarrow as pa
 import torch
 
-from distrl.metrics import Metrics
+from distrl.core.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.config import LearnOptions
@@ -124,7 +124,7 @@ class MicroBatch:
 
 
 def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = None) -> MicroBatch:
-    """Build a MicroBatch from completion rows (dicts of distrl.wire.COMPLETION_SCHEMA).
+    """Build a MicroBatch from completion rows (dicts of distrl.core.wire.COMPLETION_SCHEMA).
 
     ``advantages`` (one per row) replaces the rows' own ``advantage`` (a learner-state baseline).
     """
@@ -202,8 +202,8 @@ def loss_config(cfg: LearnOptions) -> LossConfig:
 class Learner:
     """One learner rank. `run()` trains `max_steps` versions and returns a summary dict.
 
-    ``cfg`` is the command's composed config (`distrl.config.LearnConfig` or `TrainConfig`): learn/config.py's
-    section and the shared ones of distrl/run_options.py.
+    ``cfg`` is the command's composed config (`distrl.cmd.config.LearnConfig` or `TrainConfig`): learn/config.py's
+    section and the shared ones of distrl/core/run_options.py.
 
     ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
     only computes the gradients (tests compare micro-batchings with it).

@@ -23,7 +23,7 @@ Per-token objective (i sequence, t token, w the off-policy weight, detached):
   ``decoupled``). ``eps_low != eps_high`` is DAPO's asymmetric "clip-higher" (Yu et al. 2025,
   arXiv:2503.14476).
 - ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783) is ``grpo``
-  with advantages that are not std-normalized (``distrl.advantages``, estimator ``dr_grpo``) and the
+  with advantages that are not std-normalized (``distrl.core.advantages``, estimator ``dr_grpo``) and the
   ``sequence-mean-token-sum-norm`` aggregation (no length normalization); it is a configuration of the
   functions here, not another formula.
 - KL to the reference, added per token when ``kl_coef > 0`` (GRPO's beta * D_KL(pi || pi_ref)),

@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from distrl.dtypes import resolve_dtype
+from distrl.core.dtypes import resolve_dtype
 
 log = logging.getLogger("distrl.learner")
 

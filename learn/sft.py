@@ -111,7 +111,7 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from distrl.dtypes import resolve_dtype
+    from distrl.core.dtypes import resolve_dtype
 
     if steps < 1 or batch_size < 1 or not learning_rate > 0:
         raise ValueError(f"warm start needs steps >= 1, batch_size >= 1, learning_rate > 0; got {steps}, "

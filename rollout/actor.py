@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from distrl.advantages import group_advantages
-from distrl.metrics import Metrics
+from distrl.core.advantages import group_advantages
+from distrl.core.metrics import Metrics
+from distrl.core.wire import table_from_rows
 from distrl.weights import WeightError, WeightSubscriber, make_fetcher
-from distrl.wire import table_from_rows
 from rollout.config import TaskOptions
 from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
@@ -45,8 +45,8 @@ class ActorEndpoints:
 class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
-    ``cfg`` is the command's composed config (`distrl.config.RolloutConfig` or `TrainConfig`): the
-    sections of rollout/config.py and the shared ones of distrl/run_options.py.
+    ``cfg`` is the command's composed config (`distrl.cmd.config.RolloutConfig` or `TrainConfig`): the
+    sections of rollout/config.py and the shared ones of distrl/core/run_options.py.
     """
 
     def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints, model_dir: str,

@@ -1,8 +1,8 @@
 """The rollout's config section: the task (prompts, reward, held-out set) and how actors generate.
 
 Torch-free, owned by the rollout. ``TaskOptions`` is read by every generator: the actors, a learner
-with --learner_generates and the warm start; ``RolloutOptions`` only by actors. ``distrl/config.py``
-composes them with the foundation's sections (``distrl/run_options.py``). Each section's ``check``
+with --learner_generates and the warm start; ``RolloutOptions`` only by actors. ``distrl/cmd/config.py``
+composes them with the foundation's sections (``distrl/core/run_options.py``). Each section's ``check``
 raises ValueError naming the first bad flag and never changes the config; ``resolve`` computes its
 derived values at construction.
 """

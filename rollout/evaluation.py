@@ -1,7 +1,7 @@
 """Periodic evaluation during training (``--eval_every N``), run by rollout actor 0 with its own engine.
 
 Every actor leaves the held-out problems (``Task.heldout(--eval_size, --seed)``) out of its training
-stream; actor 0 also evaluates them (:func:`distrl.evaluate.evaluate_engine`, the task's own reward)
+stream; actor 0 also evaluates them (:func:`distrl.cmd.evaluate.evaluate_engine`, the task's own reward)
 at version 0, at every multiple of N it serves, and at the final version. Each evaluation is logged
 as ``eval/<metric>`` (and ``eval/by_group/<group>/accuracy``) to the actor's TensorBoard with step =
 policy version, and appended as one JSON line to ``<run_dir>/eval.jsonl``::
@@ -19,7 +19,7 @@ import logging
 import time
 from pathlib import Path
 
-from distrl.evaluate import eval_line, evaluate_engine
+from distrl.cmd.evaluate import eval_line, evaluate_engine
 
 log = logging.getLogger("distrl.actor")
 
@@ -53,7 +53,7 @@ class PeriodicEval:
         return target if served < target < newest and target not in self.done else None
 
     def evaluate(self, engine, metrics) -> dict:
-        """Evaluate the version `engine` serves; log it to `metrics` (a distrl.metrics.Metrics) and
+        """Evaluate the version `engine` serves; log it to `metrics` (a distrl.core.metrics.Metrics) and
         eval.jsonl; return the eval.jsonl line."""
         t0 = time.perf_counter()
         report = evaluate_engine(engine, self.task, self.problems, num_samples=self.cfg.eval_num_samples,

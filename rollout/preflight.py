@@ -1,18 +1,18 @@
 """A rollout actor's preflight: what it needs, checked before any engine, Ray or run directory exists.
 
-The model and tokenizer resolve (`distrl.hub`), the dataset opens and its rows have the fields the
+The model and tokenizer resolve (`distrl.core.hub`), the dataset opens and its rows have the fields the
 task needs (its first row only, as :func:`rollout.tasks.first_rows` reads it), the sampling temperature
 is one the engine uses as given, and the prompts fit the context (`rollout/prompt_fit.py`, under
-``--long_prompts``). Each failure is a :class:`distrl.errors.PreflightError` naming the flag;
-`distrl/preflight.py` composes these per command, docs/troubleshooting.md lists them.
+``--long_prompts``). Each failure is a :class:`distrl.core.errors.PreflightError` naming the flag;
+`distrl/cmd/preflight.py` composes these per command, docs/troubleshooting.md lists them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from distrl.errors import PreflightError
-from distrl.hub import check_model, check_tokenizer, check_vocab_fits, looks_like_path
+from distrl.core.errors import PreflightError
+from distrl.core.hub import check_model, check_tokenizer, check_vocab_fits, looks_like_path
 
 # vLLM raises a temperature in (0, 0.01) to 0.01 (vllm.sampling_params._MAX_TEMP, with a warning), while
 # the learner divides its logits by the configured one: the importance ratio would compare two policies.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Iterator, Sequence
 
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 from rollout.engines.base import encode_prompt
 
 POLICIES = ("skip", "truncate", "error")
@@ -131,7 +131,7 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int |
     tokenizer) and the model's ``max_position_embeddings`` (None when its config does not say), without
     loading any weights."""
     if model == "tiny":
-        from distrl.tiny import TINY_ARCH, build_tokenizer
+        from distrl.core.tiny import TINY_ARCH, build_tokenizer
 
         model_max = TINY_ARCH["max_position_embeddings"]
         if tokenizer is None:

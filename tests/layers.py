@@ -17,7 +17,7 @@ A cycle is reported as each of its edges: ``("cycle", a, b)`` for every import `
 reported, and one that no longer exists, or no longer breaks a rule (neither a layer/external violation nor
 inside a cycle of the full graph), is reported as stale, so the list can only shrink.
 
-What it does not see: ``importlib.import_module("...")`` with a string (``distrl/cli.py``'s command table,
+What it does not see: ``importlib.import_module("...")`` with a string (``distrl/cmd/cli.py``'s command table,
 ``rollout/rewards.py``'s user reward module), and implicit imports of parent packages' ``__init__``.
 """
 

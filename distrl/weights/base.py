@@ -26,7 +26,7 @@ from pathlib import Path
 
 import zmq
 
-from distrl import wire
+from distrl.core import wire
 
 TOPIC = b"weights"
 MAX_REQUEST_BYTES = 64 * 1024  # LATEST and FETCH requests are one small header

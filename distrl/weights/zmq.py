@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from distrl import wire
+from distrl.core import wire
 from distrl.weights.base import Announcement, WeightError
 from distrl.weights.fs import directory_digest, prune_versions
 

@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from distrl.dtypes import resolve_dtype
+from distrl.core.dtypes import resolve_dtype
 from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 from rollout.engines.hf_fast import StaticSampler, supports_static
 from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights, read_safetensors

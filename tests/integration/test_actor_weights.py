@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from buffer.server import BufferServer
-from distrl.config import TrainConfig
-from distrl.tiny import build_tiny_model
+from distrl.cmd.config import TrainConfig
+from distrl.core.tiny import build_tiny_model
 from distrl.weights import Announcement, DirectoryTransport, WeightPublisher
 from rollout.actor import ActorEndpoints, RolloutActor
 

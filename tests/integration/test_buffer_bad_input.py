@@ -20,9 +20,9 @@ import pyarrow as pa
 import zmq
 
 from buffer.client import BufferClient
-from distrl import wire
+from distrl.core import wire
+from distrl.core.wire import Header, MsgType
 from distrl.weights.base import Announcement, WeightPublisher
-from distrl.wire import Header, MsgType
 from tests.helpers import make_group
 from tests.integration.test_buffer_faults import free_port
 
@@ -152,7 +152,7 @@ def test_ten_thousand_bad_messages_are_answered_and_a_good_client_is_served(tmp_
     rng = random.Random(0)
     body = wire.encode_table(make_group("valid-body"))
     address = f"tcp://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "buffer", "--address", address, "--run_dir",
+    proc = subprocess.Popen([sys.executable, "-m", "distrl", "buffer", "--address", address, "--run_dir",
                              str(tmp_path / "run"), "--batch_size", "2", "--topk", "4",
                              "--max_msg_bytes", str(4 * 2**20)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

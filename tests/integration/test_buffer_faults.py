@@ -33,9 +33,9 @@ def free_port() -> int:
 
 
 def start_buffer(run_dir: Path, address: str, resume: bool, fsync: str) -> subprocess.Popen:
-    """`python -m distrl.cli buffer` as a real process; returns once it says it is serving."""
+    """`python -m distrl buffer` as a real process; returns once it says it is serving."""
     where = ["--resume", str(run_dir)] if resume else ["--run_dir", str(run_dir)]
-    proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "buffer", "--address", address, *where,
+    proc = subprocess.Popen([sys.executable, "-m", "distrl", "buffer", "--address", address, *where,
                              "--batch_size", "4", "--group_size", "4", "--max_staleness", "100", "--fsync", fsync],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []

@@ -111,7 +111,7 @@ def engine(kind: str, model: Path, **kwargs):
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
     """The tiny model (version 0), two LoRA versions, one full version and the references' outputs."""
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("engines")
     base = build_tiny_model(root / "tiny")

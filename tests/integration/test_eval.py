@@ -19,21 +19,21 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from buffer.segments import read_segments
-from distrl.evaluate import score_problem, summarize
+from distrl.cmd.evaluate import score_problem, summarize
 from rollout.tasks import ArithTask, load_task
 from tests.helpers import shared_data
 from tests.integration.test_train import ENV, ROOT, qwen_tiny  # noqa: F401  (fixture)
 
 
 def distrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", *args], cwd=ROOT, env=ENV, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "distrl", *args], cwd=ROOT, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
 
 def hand_metrics(problems: list[dict], ks: list[int]) -> dict[str, float]:
-    """The metrics redone from the written sample records, without distrl.evaluate."""
+    """The metrics redone from the written sample records, without distrl.cmd.evaluate."""
     n = len(problems[0]["samples"])
     out = {"accuracy": sum(s["correct"] for p in problems for s in p["samples"]) / (n * len(problems))}
     out["pass@1"] = out["accuracy"]

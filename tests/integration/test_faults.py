@@ -32,7 +32,7 @@ from tests.integration.test_weight_transports import free_ports
 TINY_ACTOR = ["--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4",
               "--max_new_tokens", "8"]  # what `distrl rollout` takes of TINY
 TINY = [*TINY_ACTOR, "--learning_rate", "1e-3"]
-CLI = [sys.executable, "-m", "distrl.cli"]
+CLI = [sys.executable, "-m", "distrl"]
 
 
 def start(args: list[str], log: Path, cwd: Path = ROOT) -> subprocess.Popen:

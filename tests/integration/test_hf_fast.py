@@ -62,7 +62,7 @@ def _save_full(base: Path, out: Path, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("hf_fast")
     base = build_tiny_model(root / "tiny")

@@ -98,7 +98,7 @@ def test_long_prompts_error_refuses_before_anything_starts(qwen_tiny, tmp_path):
 def test_engines_generate_from_token_ids_as_from_the_text(kind, tmp_path, monkeypatch):
     """The actor hands engines the prompt's token ids (so a truncated prompt is exactly its kept ids):
     the same ids and the same seeded completions as the text they encode."""
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
     from rollout.engines import make_engine
     from rollout.engines.base import encode_prompt
 

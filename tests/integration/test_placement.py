@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from buffer.segments import read_segments
-from distrl.config import TrainConfig
-from distrl.placement import default_gpus, reserve
+from distrl.cmd.config import TrainConfig
+from distrl.cmd.placement import default_gpus, reserve
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
@@ -115,7 +115,7 @@ def test_gpu_split_conflicting_counts_name_the_flags():
 
 def test_split_3_1_end_to_end(ray4, tmp_path):
     """The real roles on the 4-GPU cluster: each reports the GPU id Ray gave it; 2 versions train."""
-    from distrl.trainer import train
+    from distrl.cmd.trainer import train
 
     cfg = TrainConfig(gpu_split="3:1", model="tiny", task="half_vocab", engine="hf", max_steps=2, batch_size=3,
                       group_size=2, max_new_tokens=8, log_dir=str(tmp_path), run_name="split31")
@@ -141,7 +141,7 @@ def wait_for_free_gpus(ray, polls: int = 100) -> float:
 
 
 def distrl_train(*flags: str, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "train", *flags], cwd=cwd, env=ENV,
+    proc = subprocess.run([sys.executable, "-m", "distrl", "train", *flags], cwd=cwd, env=ENV,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc

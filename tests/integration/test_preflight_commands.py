@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distrl.config import TrainConfig
+from distrl.cmd.config import TrainConfig
 
 DISTRL = str(Path(sys.executable).with_name("distrl"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from buffer.client import BufferClient
-from distrl.errors import NoProgress
+from distrl.core.errors import NoProgress
 from tests.helpers import make_group
 from tests.integration.test_faults import TINY, start, stop_group, wait_until
 from tests.integration.test_train import ENV, ROOT
@@ -31,7 +31,7 @@ MESSAGE = ("200 groups in a row had equal rewards and were dropped by --filter_z
 
 
 def train(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "distrl.cli", "train", "--model", "tiny", "--engine", "hf", "--max_steps", "2",
+    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--engine", "hf", "--max_steps", "2",
             "--group_size", "4", "--max_new_tokens", "8", "--no_console", "--log_dir", str(tmp_path / "runs"), *flags]
     return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
 

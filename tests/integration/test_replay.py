@@ -22,7 +22,7 @@ from tests.integration.test_train import ENV, ROOT
 def source_run(tmp_path_factory) -> Path:
     """A real 4-version `distrl train` run (tiny model, half_vocab task): its run directory."""
     log_dir = tmp_path_factory.mktemp("replay")
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "train", "--model", "tiny", "--task", "half_vocab",
+    proc = subprocess.run([sys.executable, "-m", "distrl", "train", "--model", "tiny", "--task", "half_vocab",
                            "--max_steps", "4", "--batch_size", "4", "--group_size", "4", "--max_new_tokens", "8",
                            "--log_dir", str(log_dir), "--run_name", "src"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
@@ -31,7 +31,7 @@ def source_run(tmp_path_factory) -> Path:
 
 
 def replay(source: Path, name: str, *flags: str) -> Path:
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "replay", str(source), "--log_dir",
+    proc = subprocess.run([sys.executable, "-m", "distrl", "replay", str(source), "--log_dir",
                            str(source.parent), "--run_name", name, *flags],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -99,7 +99,7 @@ def test_replay_of_a_warm_started_run_starts_from_its_warm_start(tmp_path):
     """A run warm-started for a few steps: the replay starts from `<run>/warm_start` (and says so), so the first
     version's behavior-vs-learner logprob gap is at the float32 level; told to start from the pre-warm-start
     model instead, it warns that the gap is far above the bf16 level."""
-    proc = subprocess.run([sys.executable, "-m", "distrl.cli", "train", "--model", "tiny", "--task", "arith",
+    proc = subprocess.run([sys.executable, "-m", "distrl", "train", "--model", "tiny", "--task", "arith",
                            "--warm_start_steps", "5", "--warm_start_lr", "1e-2", "--warm_start_batch_size", "16",
                            "--engine", "hf", "--max_steps", "3", "--batch_size", "4", "--group_size", "4",
                            "--max_new_tokens", "5", "--no_console", "--log_dir", str(tmp_path), "--run_name", "ws"],

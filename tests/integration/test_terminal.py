@@ -34,7 +34,7 @@ def on_terminal(args: list[str], timeout_s: float = 600) -> tuple[int, str]:
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
     env = {**ENV, "TERM": "xterm-256color", "COLUMNS": "140", "LINES": "40"}
-    proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", *args], cwd=ROOT, env=env, stdin=follower,
+    proc = subprocess.Popen([sys.executable, "-m", "distrl", *args], cwd=ROOT, env=env, stdin=follower,
                             stdout=follower, stderr=follower, start_new_session=True)
     os.close(follower)
     chunks = []

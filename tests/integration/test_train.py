@@ -26,7 +26,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUT
 @pytest.fixture(scope="module")
 def qwen_tiny(tmp_path_factory) -> Path:
     """A tiny random Qwen2 (head size 32) with the real Qwen2.5 tokenizer (151,669 tokens)."""
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", seed=0,
                             tokenizer=shared_data() / "tokenizers" / "qwen2.5")
@@ -40,7 +40,7 @@ def run(args: list[str], log_dir: Path, timeout: int = 600) -> subprocess.Comple
 
 
 def distrl(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "distrl.cli", "train", *flags]
+    return [sys.executable, "-m", "distrl", "train", *flags]
 
 
 def scalars(run_dir: Path, role: str, tag: str) -> dict[int, float]:

@@ -63,7 +63,7 @@ def torchrun(nproc: int, address: str, model: Path, out: Path) -> None:
 
 
 def test_two_learners_equal_one_on_the_union_batch(tmp_path):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     with buffer_with_groups(tmp_path / "run2") as address:

@@ -33,7 +33,7 @@ def events(run_dir: Path, role: str) -> EventAccumulator:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     log_dir = tmp_path_factory.mktemp("runs")
-    args = [sys.executable, "-m", "distrl.cli", "train", "--model", "tiny", "--run_name", "users", "--max_steps", "2",
+    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--run_name", "users", "--max_steps", "2",
             "--batch_size", "2", "--group_size", "4", "--max_new_tokens", "6", "--learning_rate", "1e-3",
             "--reward", f"{REWARDS}:digits", "--prompt_template", "what is {question}", "--truncation", "keep",
             "--log_samples", "2", "--log_dir", str(log_dir)]

@@ -37,7 +37,7 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
     dirs = {name: tmp_path / name for name in ("buffer", "learner", "actor0", "actor1")}
     for d in dirs.values():
         d.mkdir()
-    cli = [sys.executable, "-m", "distrl.cli"]
+    cli = [sys.executable, "-m", "distrl"]
     env = {**ENV, "PYTHONPATH": str(ROOT)}
     procs = {"buffer": subprocess.Popen(cli + ["buffer", "--address", buf, "--run_dir", "run", "--batch_size", "4",
                                                "--group_size", "4", "--max_staleness", "0"],

@@ -32,7 +32,7 @@ def main() -> None:
     import torch
 
     import learn.learner
-    from distrl.config import TrainConfig
+    from distrl.cmd.config import TrainConfig
     from distrl.weights import DirectoryTransport, WeightPublisher
     from learn.learner import Learner, init_distributed_from_env
 

@@ -1,4 +1,4 @@
-"""Group advantage estimators (distrl.advantages) against hand arithmetic."""
+"""Group advantage estimators (distrl.core.advantages) against hand arithmetic."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from distrl.advantages import group_advantages
+from distrl.core.advantages import group_advantages
 
 
 def test_grpo_by_hand():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from distrl.config import BufferConfig, ReplayConfig, SelectionOptions, StorageOptions, TrainConfig, buffer_options
+from distrl.cmd.config import BufferConfig, ReplayConfig, SelectionOptions, StorageOptions, TrainConfig, buffer_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_train_config_shares_the_buffer_options_with_the_same_names_and_defaults
 
 
 def test_cli_refuses_bad_buffer_flags_before_importing_arrow_or_zmq(tmp_path):
-    code = ("import sys\nfrom distrl.cli import main\n"
+    code = ("import sys\nfrom distrl.cmd.cli import main\n"
             "try:\n    main(['buffer', '--run_dir', sys.argv[1], '--topk', '9'])\n"
             "except SystemExit as e:\n    assert e.code != 0\n"
             "heavy = [m for m in ('pyarrow', 'zmq', 'torch', 'buffer.server') if m in sys.modules]\n"
@@ -57,7 +57,7 @@ def test_cli_refuses_bad_buffer_flags_before_importing_arrow_or_zmq(tmp_path):
 
 
 def test_replay_config_takes_the_source_run_options_and_the_given_overrides(tmp_path):
-    from distrl.replay import train_config
+    from distrl.cmd.replay import train_config
 
     source = tmp_path / "src"
     source.mkdir()

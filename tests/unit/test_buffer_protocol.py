@@ -12,8 +12,8 @@ import zmq.auth
 from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted
 from buffer.segments import read_consumed, read_segments
 from buffer.server import BufferServer
-from distrl import wire
-from distrl.wire import MsgType
+from distrl.core import wire
+from distrl.core.wire import MsgType
 from tests.helpers import make_group
 from tests.unit.test_buffer_server import ADDRESS, client, raw_request, serving
 

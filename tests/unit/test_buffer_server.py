@@ -15,9 +15,9 @@ from buffer import segments
 from buffer.client import BufferClient, BufferStalled
 from buffer.segments import read_consumed, read_segments, segment_paths
 from buffer.server import BufferServer
-from distrl import wire
-from distrl.errors import NoProgress
-from distrl.wire import Header, MsgType
+from distrl.core import wire
+from distrl.core.errors import NoProgress
+from distrl.core.wire import Header, MsgType
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:0"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from buffer.held import RecentIds, as_batch, parse_groups
 from buffer.selection import first_k, topk_rows
 from buffer.store import BufferFull, GroupStore
-from distrl.errors import NoProgress
+from distrl.core.errors import NoProgress
 from tests.helpers import make_group
 
 

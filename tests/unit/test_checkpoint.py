@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from distrl.config import TrainConfig
+from distrl.cmd.config import TrainConfig
 from learn.checkpoint import checkpoint_dir, latest_checkpoint
 from learn.learner import Learner
 from tests.helpers import make_group
@@ -21,7 +21,7 @@ ADDRESS = "tcp://127.0.0.1:9"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0))
 

@@ -1,4 +1,4 @@
-"""The config per role (issue 17): sections owned by the roles, composed per command in distrl/config.py.
+"""The config per role (issue 17): sections owned by the roles, composed per command in distrl/cmd/config.py.
 
 Each option is declared in one section; a command's config is the sections its role reads; building one
 resolves derived values once, and validating it changes nothing.
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from distrl.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
+from distrl.cmd.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG_MODULES = ["distrl/config.py", "distrl/config_offline.py", "distrl/run_options.py", "rollout/config.py",
-                  "learn/config.py", "buffer/config.py"]
+CONFIG_MODULES = ["distrl/cmd/config.py", "distrl/cmd/config_offline.py", "distrl/core/run_options.py",
+                  "rollout/config.py", "learn/config.py", "buffer/config.py"]
 
 
 def sections(cls: type) -> list[type]:
@@ -40,7 +40,7 @@ def test_each_option_is_declared_in_one_section(cls):
 def test_train_takes_every_section_of_the_roles():
     train = set(sections(TrainConfig))
     for cls in (LearnConfig, RolloutConfig):
-        assert {s for s in sections(cls) if s.__module__ != "distrl.config"} <= train
+        assert {s for s in sections(cls) if s.__module__ != "distrl.cmd.config"} <= train
     buffer_sections = {s.__name__ for s in sections(BufferConfig)} - {"BufferEndpoint", "_ConfigFile"}
     assert buffer_sections <= {s.__name__ for s in train}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import tyro
 
-from distrl.cli import COMMANDS, SHARED_CONFIG_FILE, main
-from distrl.configfile import ConfigFileError, expand_config
+from distrl.cmd.cli import COMMANDS, SHARED_CONFIG_FILE, main
+from distrl.cmd.configfile import ConfigFileError, expand_config
 
 CONFIGS = {name: cls for name, (cls, _) in COMMANDS.items()}
 

@@ -1,4 +1,4 @@
-"""The live console view (distrl/console.py): what one refresh shows, and when it is off."""
+"""The live console view (distrl/cmd/console.py): what one refresh shows, and when it is off."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from distrl.console import LiveConsole, start_console
-from distrl.metrics import Metrics
+from distrl.cmd.console import LiveConsole, start_console
+from distrl.core.metrics import Metrics
 
 
 def text_of(table) -> str:

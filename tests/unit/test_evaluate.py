@@ -1,4 +1,5 @@
-"""Evaluation metrics against hand counts; answer extraction; the held-out split (distrl.evaluate, rollout.tasks)."""
+"""Evaluation metrics against hand counts; answer extraction; the held-out split (distrl.cmd.evaluate,
+rollout.tasks)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from distrl.evaluate import (
+from distrl.cmd.evaluate import (
     ProblemRecord,
     SampleRecord,
     default_ks,
@@ -137,7 +138,7 @@ def test_heldout_is_seeded_and_never_trained_on():
 
 
 def test_eval_flags_are_checked():
-    from distrl.config import EvalConfig, TrainConfig
+    from distrl.cmd.config import EvalConfig, TrainConfig
 
     for flags, name in [({"eval_every": -1}, "--eval_every"), ({"eval_size": 0}, "--eval_size"),
                         ({"eval_num_samples": 4}, "--eval_temperature"),
@@ -189,9 +190,9 @@ def test_vllm_cpu_calls_stay_under_the_token_budget(monkeypatch):
 
 
 def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_flag(tmp_path):
-    from distrl.errors import PreflightError
-    from distrl.evaluate import check_fits
-    from distrl.tiny import build_tiny_model
+    from distrl.cmd.evaluate import check_fits
+    from distrl.core.errors import PreflightError
+    from distrl.core.tiny import build_tiny_model
     from rollout.tasks import ArithTask, Problem
 
     model = str(build_tiny_model(tmp_path / "tiny"))

@@ -10,7 +10,14 @@ import pytest
 
 from buffer.recovery import roll_back_consumed
 from buffer.segments import read_consumed
-from distrl.faults import Interrupted, as_interrupted, quiet_roles, raise_on_signals, read_role_file, write_role_file
+from distrl.cmd.faults import (
+    Interrupted,
+    as_interrupted,
+    quiet_roles,
+    raise_on_signals,
+    read_role_file,
+    write_role_file,
+)
 
 
 def test_quiet_roles_skips_unseen_and_restarted_roles():

@@ -1,4 +1,4 @@
-"""distrl.gguf without a GGUF: which --model values it touches, and the eos/pad it picks from a chat template.
+"""distrl.core.gguf without a GGUF: which --model values it touches, and the eos/pad it picks from a chat template.
 
 The Qwen2.5 tokenizer (../shared/data) has SmolLM2's chat markup (``<|im_start|>`` ... ``<|im_end|>``); setting
 its eos to ``<|im_start|>`` reproduces what SmolLM2's GGUF metadata says. The dequantization itself is
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrl.gguf import cache_root, gguf_file, pad_token, resolve_model, turn_end_token
+from distrl.core.gguf import cache_root, gguf_file, pad_token, resolve_model, turn_end_token
 from tests.helpers import shared_data
 
 

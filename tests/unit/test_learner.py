@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from distrl.config import TrainConfig
+from distrl.cmd.config import TrainConfig
 from learn.distributed import init_distributed_from_env
 from learn.learner import Learner, loss_config
 from learn.optim import lr_factor
@@ -22,7 +22,7 @@ ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call train_step / 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("learner") / "tiny", seed=0))
 

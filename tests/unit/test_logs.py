@@ -1,4 +1,5 @@
-"""Where log lines go (distrl/logs.py) and how a role's error is shortened for the terminal (distrl/faults.py)."""
+"""Where log lines go (distrl/core/logs.py) and how a role's error is shortened for the terminal
+(distrl/cmd/faults.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from distrl.faults import ROLE_ERROR_LINES, _short_error
-from distrl.logs import ONCE, _Once, quiet_libraries, set_stderr_level, setup_logging
+from distrl.cmd.faults import ROLE_ERROR_LINES, _short_error
+from distrl.core.logs import ONCE, _Once, quiet_libraries, set_stderr_level, setup_logging
 
 ROOT = Path(__file__).resolve().parents[2]
 
 RAY_TRACEBACK = """\
-ray::RolloutRole.run() (pid=12, ip=10.0.0.1, actor_id=ab12, repr=<distrl.trainer.RolloutRole object>)
-  File "/work/distrl/trainer.py", line 176, in run
+ray::RolloutRole.run() (pid=12, ip=10.0.0.1, actor_id=ab12, repr=<distrl.cmd.trainer.RolloutRole object>)
+  File "/work/distrl/cmd/trainer.py", line 176, in run
     return self.actor.run()
            ^^^^^^^^^^^^^^^^
   File "/work/rollout/actor.py", line 238, in _make_group
@@ -75,7 +76,7 @@ def test_a_role_writes_everything_to_its_log_file_and_nothing_to_the_terminal(tm
     script = textwrap.dedent(f"""
         import logging, os, sys, warnings
         from pathlib import Path
-        from distrl.logs import role_logging
+        from distrl.core.logs import role_logging
         role_logging(Path({str(log_file)!r}))
         logging.getLogger("distrl.actor").info("an INFO line")
         print("a library's print")
@@ -93,8 +94,8 @@ def test_stderr_level_hides_info_on_stderr_but_not_in_the_file(tmp_path, capsys)
     setup_logging(tmp_path / "driver.log")
     try:
         set_stderr_level(logging.WARNING)
-        logging.getLogger("distrl.trainer").info("placement: ...")
-        logging.getLogger("distrl.trainer").warning("a warning")
+        logging.getLogger("distrl.cmd.trainer").info("placement: ...")
+        logging.getLogger("distrl.cmd.trainer").warning("a warning")
         err = capsys.readouterr().err
         assert "a warning" in err and "placement" not in err
         assert "placement: ..." in (tmp_path / "driver.log").read_text()

@@ -210,8 +210,8 @@ def test_every_loss_and_aggregation_by_hand(kind, mode):
 
 
 def test_dr_grpo_is_grpo_with_sum_norm_and_unnormalized_advantages():
-    # Dr.GRPO = clipped ratio, advantages r - mean(r) (distrl.advantages "dr_grpo"), token sum / C.
-    from distrl.advantages import group_advantages
+    # Dr.GRPO = clipped ratio, advantages r - mean(r) (distrl.core.advantages "dr_grpo"), token sum / C.
+    from distrl.core.advantages import group_advantages
 
     logprobs, behavior, _ = _grpo_inputs()
     adv = torch.tensor(group_advantages([1.0, -1.0], "dr_grpo"))  # [1, -1]: no std division

@@ -41,7 +41,7 @@ CAP = 2.0
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("trl") / "tiny", seed=0)
 

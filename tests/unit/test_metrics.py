@@ -1,4 +1,4 @@
-"""distrl.metrics writes event files that TensorBoard's own reader reads back (and needs no torch)."""
+"""distrl.core.metrics writes event files that TensorBoard's own reader reads back (and needs no torch)."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from distrl.metrics import Metrics
+from distrl.core.metrics import Metrics
 
 
 def reload(logdir) -> EventAccumulator:
@@ -63,7 +63,7 @@ def test_none_logdir_is_a_no_op(tmp_path):
 
 
 def test_metrics_do_not_import_torch(tmp_path):
-    code = ("import sys, distrl.metrics as dm; m = dm.Metrics(sys.argv[1]); m.scalar('a', 1, 0); m.close(); "
+    code = ("import sys, distrl.core.metrics as dm; m = dm.Metrics(sys.argv[1]); m.scalar('a', 1, 0); m.close(); "
             "assert 'torch' not in sys.modules")
     root = Path(__file__).parents[2]
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True, cwd=root)

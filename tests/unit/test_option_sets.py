@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tyro
 
-from distrl.cli import COMMANDS
+from distrl.cmd.cli import COMMANDS
 
 OLD = json.loads((Path(__file__).parent / "options_944c626.json").read_text())
 

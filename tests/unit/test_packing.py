@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from distrl.config import TrainConfig
-from distrl.wire import table_from_rows
+from distrl.cmd.config import TrainConfig
+from distrl.core.wire import table_from_rows
 from learn.learner import Learner, collate, pack
 from tests.helpers import make_group
 
@@ -20,7 +20,7 @@ ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call prepare / acc
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("packing") / "tiny", seed=0))
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from distrl.tiny import build_tiny_model
+from distrl.core.tiny import build_tiny_model
 from rollout.engines.hf import HFEngine
 from rollout.engines.merge import read_safetensors
 

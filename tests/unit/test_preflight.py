@@ -1,4 +1,4 @@
-"""Preflight checks called directly (distrl/preflight.py and the role modules): each bad input raises a
+"""Preflight checks called directly (distrl/cmd/preflight.py and the role modules): each bad input raises a
 PreflightError naming its flag; good inputs (the shipped data, `make demo`'s command) pass."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import tyro
 
-from distrl.config import BufferConfig, EvalConfig, TrainConfig
-from distrl.errors import PreflightError
-from distrl.faults import RoleStuck, end_early, resumable
-from distrl.hub import check_model, check_tokenizer, looks_like_path
-from distrl.preflight import dropped_by_resume, preflight
+from distrl.cmd.config import BufferConfig, EvalConfig, TrainConfig
+from distrl.cmd.faults import RoleStuck, end_early, resumable
+from distrl.cmd.preflight import dropped_by_resume, preflight
+from distrl.core.errors import PreflightError
+from distrl.core.hub import check_model, check_tokenizer, looks_like_path
 from rollout.preflight import VLLM_MIN_TEMPERATURE, check_dataset, check_temperature
 from tests.helpers import shared_data
 

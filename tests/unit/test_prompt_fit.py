@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 from rollout.prompt_fit import LongPrompts, check_prompt_lengths, measure, prompt_ids
 from rollout.tasks import load_task
 from tests.helpers import shared_data
@@ -23,7 +23,7 @@ def qwen():
 @pytest.fixture(scope="module")
 def qwen_tiny(tmp_path_factory) -> str:
     """A tiny random Qwen2 with the Qwen2.5 tokenizer (only its config and tokenizer are read here)."""
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", tokenizer=QWEN))
 
@@ -37,7 +37,7 @@ def math500():
 def test_the_eval_check_counts_the_templated_prompt(qwen, math500, qwen_tiny):
     """On the row whose templated prompt is longest, a --max_model_len between its plain and its
     templated length (+ --max_new_tokens) is refused: the plain prompt would have fit."""
-    from distrl.evaluate import check_fits
+    from distrl.cmd.evaluate import check_fits
 
     task, problems = math500
     lengths = [len(prompt_ids(task, p, qwen)[1]) for p in problems]
@@ -87,7 +87,7 @@ def test_policies_skip_truncate_error(qwen, math500):
 
 def test_check_prompt_lengths_per_policy(qwen_tiny):
     """Preflight: `error` names how many are long and both fixes; `skip` refuses only when none fits."""
-    from distrl.config import TrainConfig
+    from distrl.cmd.config import TrainConfig
 
     def cfg(**kw):
         return TrainConfig(model=qwen_tiny, dataset=str(MATH500), max_new_tokens=8, **kw)

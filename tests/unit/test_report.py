@@ -1,4 +1,4 @@
-"""The end-of-run report (distrl/report.py) from real TensorBoard event files and an eval.jsonl."""
+"""The end-of-run report (distrl/cmd/report.py) from real TensorBoard event files and an eval.jsonl."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from distrl.metrics import Metrics
-from distrl.report import read_eval, read_scalars, write_report
+from distrl.cmd.report import read_eval, read_scalars, write_report
+from distrl.core.metrics import Metrics
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distrl.tiny import build_tiny_model, build_tokenizer
+from distrl.core.tiny import build_tiny_model, build_tokenizer
 from learn.sft import sft_batch, warm_start
 from rollout.tasks import ArithTask
 
@@ -73,7 +73,7 @@ def test_warm_start_stops_at_target_accuracy(tmp_path):
                                          ("warm_start_batch_size", 0), ("warm_start_until_accuracy", 1.5),
                                          ("torch_threads", 0)])
 def test_bad_flags_are_named(flag, value):
-    from distrl.config import TrainConfig
+    from distrl.cmd.config import TrainConfig
 
     with pytest.raises(ValueError, match=f"--{flag}"):
         TrainConfig(**{flag: value})

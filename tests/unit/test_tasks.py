@@ -267,7 +267,7 @@ def test_arith_problems_deterministic_per_seed_and_correct():
 
 
 def test_arith_prompt_fits_the_tiny_character_tokenizer():
-    from distrl.tiny import build_tokenizer
+    from distrl.core.tiny import build_tokenizer
 
     tok = build_tokenizer()
     assert not tok.chat_template

@@ -38,7 +38,8 @@ def preflight_messages() -> list[tuple[str, str]]:
 def test_every_preflight_message_is_in_the_troubleshooting_doc():
     doc = (ROOT / "docs" / "troubleshooting.md").read_text()
     messages = preflight_messages()
-    assert len(messages) >= 20  # the checks of distrl/hub.py, the role preflights, distrl/preflight.py, prompt_fit
+    # the checks of distrl/core/hub.py, the role preflights, distrl/cmd/preflight.py, prompt_fit
+    assert len(messages) >= 20
     missing = [f"{where}: {message}" for where, message in messages if message not in doc]
     assert not missing, "add these to docs/troubleshooting.md:\n" + "\n".join(missing)
 

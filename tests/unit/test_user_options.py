@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from distrl.config import TrainConfig
+from distrl.cmd.config import TrainConfig
 from rollout.actor import samples_markdown
 from rollout.rewards import UserReward, apply_truncation
 from rollout.tasks import ArithTask, Problem
@@ -144,14 +144,14 @@ def _with_truncated(table: pa.Table, truncated: set[int]) -> pa.Table:
     rows = table.to_pylist()
     for i in truncated:
         rows[i]["finish_reason"] = "length"
-    from distrl.wire import table_from_rows
+    from distrl.core.wire import table_from_rows
 
     return table_from_rows(rows)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("user") / "tiny", seed=0))
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from distrl import wire
+from distrl.core import wire
 from distrl.weights import (
     Announcement,
     DirectoryTransport,

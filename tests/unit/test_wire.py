@@ -1,4 +1,4 @@
-"""Round trips and refusals of distrl.wire: nothing malformed gets through, nothing is unpickled."""
+"""Round trips and refusals of distrl.core.wire: nothing malformed gets through, nothing is unpickled."""
 
 import json
 import random
@@ -6,8 +6,8 @@ import random
 import pyarrow as pa
 import pytest
 
-from distrl import wire
-from distrl.wire import COMPLETION_SCHEMA, Header, MsgType, WireError
+from distrl.core import wire
+from distrl.core.wire import COMPLETION_SCHEMA, Header, MsgType, WireError
 from tests.helpers import make_group
 
 

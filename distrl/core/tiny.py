@@ -77,10 +77,10 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m distrl.tiny OUT [--tokenizer DIR] [--seed N]`: save a tiny random Qwen2 model."""
+    """`python -m distrl.core.tiny OUT [--tokenizer DIR] [--seed N]`: save a tiny random Qwen2 model."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m distrl.tiny", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m distrl.core.tiny", description=main.__doc__)
     parser.add_argument("out", help="directory to write")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the character tokenizer)")
     parser.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")

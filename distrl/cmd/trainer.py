@@ -9,7 +9,7 @@ The roles are thin Ray actors around the plain classes (`buffer.server.BufferSer
 
 Any role that raises ends the run: after shutting the others down the driver raises its error as
 `faults.RoleFailed` (the message, the last frames, its log file). Roles log to `<run_dir>/logs/<role>.log`
-only (`distrl.logs`); the terminal shows the driver's start-up lines and its live view or progress lines.
+only (`distrl.core.logs`); the terminal shows the driver's start-up lines and its live view or progress lines.
 Faults (docs/faults.md): Ray restarts a dead rollout actor (--max_actor_restarts), which rejoins; a
 watchdog reads the buffer's last-seen times and restarts a stuck actor or ends the run on a stuck
 learner or buffer (--heartbeat_timeout_s); SIGINT/SIGTERM flush the buffer, write summary.json
@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from distrl.config import TrainConfig, buffer_options
-from distrl.console import start_console
-from distrl.faults import (
+from distrl.cmd.config import TrainConfig, buffer_options
+from distrl.cmd.console import start_console
+from distrl.cmd.faults import (
     as_interrupted,
     end_early,
     raise_on_signals,
@@ -39,11 +39,11 @@ from distrl.faults import (
     watch_roles,
     write_role_file,
 )
-from distrl.logs import quiet_libraries, ray_errors_to_log, role_logging, set_stderr_level, setup_logging
-from distrl.placement import reserve
-from distrl.report import write_report
+from distrl.cmd.placement import reserve
+from distrl.cmd.report import write_report
+from distrl.core.logs import quiet_libraries, ray_errors_to_log, role_logging, set_stderr_level, setup_logging
 
-log = logging.getLogger("distrl.trainer")
+log = logging.getLogger("distrl.cmd.trainer")
 
 
 def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
@@ -58,7 +58,7 @@ def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
     (run_dir / "config.json").write_text(cfg.to_json())
     model_dir = cfg.model
     if cfg.model == "tiny":
-        from distrl.tiny import build_tiny_model
+        from distrl.core.tiny import build_tiny_model
 
         model_dir = str(build_tiny_model(run_dir / "model", seed=cfg.seed))
     return run_dir, model_dir
@@ -243,7 +243,7 @@ def _connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():  # e.g. a test or a notebook that called ray.init(num_gpus=...) itself
         return False
-    # roles log to <run_dir>/logs/<role>.log only (distrl.logs); a role's error reaches the driver as its
+    # roles log to <run_dir>/logs/<role>.log only (distrl.core.logs); a role's error reaches the driver as its
     # exception (RoleFailed), so Ray forwards no output and prints no "Unhandled error" dumps at exit
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     quiet = dict(log_to_driver=False, logging_level=logging.WARNING,
@@ -349,7 +349,7 @@ def train(cfg: TrainConfig) -> dict:
         if owns_ray:
             ray.shutdown()
     from buffer.segments import groups_by_actor
-    from distrl.report import reward_series
+    from distrl.cmd.report import reward_series
 
     logged = groups_by_actor(run_dir)  # groups per role: the log's, not a counter a restarted process reset
     summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,

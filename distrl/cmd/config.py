@@ -4,12 +4,12 @@ Sections (every option declared once, with its unit and default, in the package 
 
 | section | module | read by |
 |---|---|---|
-| SharedOptions, BatchOptions, StalenessOptions | distrl/run_options.py | actors and learners (and the buffer) |
+| SharedOptions, BatchOptions, StalenessOptions | distrl/core/run_options.py | actors and learners (and the buffer) |
 | PromptOptions, TaskOptions, RolloutOptions | rollout/config.py | generators (and eval: prompts); actors |
 | LearnOptions, WarmStartOptions | learn/config.py | learners; `distrl train`'s warm start |
 | SelectionOptions, StorageOptions, TopkOptions, BufferEndpoint | buffer/config.py | the buffer |
 | _ConfigFile, _RunDir, _TrainOptions, the addresses | here | the commands |
-| ReplayConfig, EvalConfig | distrl/config_offline.py | `distrl replay`, `distrl eval` |
+| ReplayConfig, EvalConfig | distrl/cmd/config_offline.py | `distrl replay`, `distrl eval` |
 
 `distrl train` takes every section; `distrl learn|rollout|buffer` only what that role reads, so their
 `--help` lists only those. Building a config resolves each section's derived values once (``resolve``:
@@ -36,8 +36,8 @@ from buffer.config import (
     TopkOptions,
     buffer_options,
 )
-from distrl.config_offline import EvalConfig, ReplayConfig
-from distrl.run_options import BatchOptions, SharedOptions, StalenessOptions
+from distrl.cmd.config_offline import EvalConfig, ReplayConfig
+from distrl.core.run_options import BatchOptions, SharedOptions, StalenessOptions
 from learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
 from rollout.config import PromptOptions, RolloutOptions, TaskOptions
 
@@ -261,7 +261,7 @@ class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, Task
                   LearnOptions, StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
     """One learner rank as a plain process (`distrl learn`), wired to the buffer by ZMQ address only.
 
-    Several ranks run under `torchrun --nproc_per_node N -m distrl.cli learn ...` (rank and world size
+    Several ranks run under `torchrun --nproc_per_node N -m distrl learn ...` (rank and world size
     come from torchrun's environment; `--number_of_learners` must equal N). Rank 0 binds the weight
     endpoints. Writes weights/, tb/learner<rank>/ and logs/ under `<log_dir>/<run_name>/`. The task's
     options are read with --learner_generates.

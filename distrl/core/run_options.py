@@ -1,7 +1,7 @@
 """The options both actors and learners read: the model, sampling shape, seed, the weight transport.
 
 Part of the foundation: no torch, no role. Each role owns the rest of its options in its own package
-(``rollout/config.py``, ``learn/config.py``, ``buffer/config.py``); ``distrl/config.py`` composes them
+(``rollout/config.py``, ``learn/config.py``, ``buffer/config.py``); ``distrl/cmd/config.py`` composes them
 into each command's config and holds the rules that join two sections. Every field is declared once,
 here or in one role's section, with its unit and default.
 
@@ -63,7 +63,7 @@ class SharedOptions:
     learner: Literal["pg", "grpo", "dr_grpo"] = "grpo"
     """Loss: `pg` (REINFORCE with a baseline), `grpo` (group-std-normalized advantages, clipped ratio) or
     `dr_grpo` (Dr.GRPO: clipped ratio, advantages not std-normalized, no length normalization). It also
-    names the actors' group advantage estimator (`distrl.advantages`)."""
+    names the actors' group advantage estimator (`distrl.core.advantages`)."""
     temperature: float = 1.0
     """Sampling temperature; the learner divides its logits by the same value."""
     max_new_tokens: int = 256
@@ -111,5 +111,5 @@ class SharedOptions:
 
     @property
     def advantage_estimator(self) -> str:
-        """The group advantage estimator of `distrl.advantages` that the actors use for this --learner."""
+        """The group advantage estimator of `distrl.core.advantages` that the actors use for this --learner."""
         return self.learner

@@ -11,12 +11,12 @@ import logging
 import os
 from pathlib import Path
 
-from distrl.config import LearnConfig, RolloutConfig, TrainConfig
-from distrl.faults import read_role_file, write_role_file
-from distrl.logs import setup_logging
-from distrl.trainer import set_torch_threads
+from distrl.cmd.config import LearnConfig, RolloutConfig, TrainConfig
+from distrl.cmd.faults import read_role_file, write_role_file
+from distrl.cmd.trainer import set_torch_threads
+from distrl.core.logs import setup_logging
 
-log = logging.getLogger("distrl.launch")
+log = logging.getLogger("distrl.cmd.launch")
 
 
 def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
@@ -28,7 +28,7 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
     set_torch_threads(cfg.torch_threads)
     model_dir = cfg.model
     if cfg.model == "tiny":
-        from distrl.tiny import build_tiny_model
+        from distrl.core.tiny import build_tiny_model
 
         model_dir = str(build_tiny_model(run_dir / "model", seed=cfg.seed))
     return run_dir, model_dir

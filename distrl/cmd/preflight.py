@@ -1,10 +1,10 @@
 """Preflight: every launcher checks what it cheaply can after its flags parse and before Ray, the buffer,
-any engine or a run directory starts (`distrl.cli.main` calls :func:`preflight`).
+any engine or a run directory starts (`distrl.cmd.cli.main` calls :func:`preflight`).
 
 The checks live with the roles that need them (`rollout/preflight.py`, `learn/preflight.py`,
 `buffer/preflight.py`); this module says which run for each command and adds the commands' own
 (`--resume` of `distrl train`, the run directory, a replay's segment log). A failure is a
-:class:`distrl.errors.PreflightError`: the cli prints its two lines and exits 2, nothing started,
+:class:`distrl.core.errors.PreflightError`: the cli prints its two lines and exits 2, nothing started,
 nothing written. Imports stay light: no torch model, no vLLM, no Ray (transformers' AutoConfig and
 AutoTokenizer only when --tokenizer is given). docs/troubleshooting.md lists every message.
 """
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 
 # What `distrl train --resume` keeps from the command line; the rest comes from the run's config.json.
 RESUME_KEEPS = ("resume", "max_steps", "config", "log_dir", "run_name")
@@ -85,7 +85,7 @@ def check_eval(cfg) -> None:
 def check_replay(cfg) -> None:
     """`distrl replay SOURCE`: SOURCE holds a segment log; --model, when given, resolves."""
     from buffer.segments import segment_paths
-    from distrl.hub import check_model
+    from distrl.core.hub import check_model
 
     if not segment_paths(cfg.source):
         raise PreflightError("SOURCE", f"{cfg.source}: no segment log (segments/segment-*.arrow)",
@@ -117,7 +117,7 @@ CHECKS: dict[str, Callable] = {"train": check_train, "learn": _learn, "rollout":
 
 
 def preflight(command: str, cfg) -> None:
-    """Run the checks of ``command`` (a key of `distrl.cli.COMMANDS`) on its parsed config.
+    """Run the checks of ``command`` (a key of `distrl.cmd.cli.COMMANDS`) on its parsed config.
 
     Raises PreflightError (flag, problem, fix) on the first failure.
     """

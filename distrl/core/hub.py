@@ -4,8 +4,8 @@
 path (it starts with ``/``, ``./``, ``../`` or ``~``, has more than one ``/``, or exists) is a local
 directory and must exist and hold what transformers needs; anything else is a hub id, checked only
 for its form, and, when ``HF_HUB_OFFLINE=1`` (nothing can be downloaded), for being in the local cache.
-``tiny`` (the embedded model, `distrl.tiny`) always passes. Every failure is a
-:class:`distrl.errors.PreflightError` naming the flag; the role preflights (`rollout/preflight.py`,
+``tiny`` (the embedded model, `distrl.core.tiny`) always passes. Every failure is a
+:class:`distrl.core.errors.PreflightError` naming the flag; the role preflights (`rollout/preflight.py`,
 `learn/preflight.py`) call these.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distrl.errors import PreflightError
+from distrl.core.errors import PreflightError
 
 HUB_EXAMPLE = "Qwen/Qwen2.5-0.5B-Instruct"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -103,7 +103,7 @@ def model_vocab_size(model: str) -> int | None:
     """The model's embedding rows (config ``vocab_size``) read from local files only; None when that
     needs the network or the model has no config.json (a GGUF)."""
     if model == "tiny":
-        from distrl.tiny import CHARS, SPECIALS
+        from distrl.core.tiny import CHARS, SPECIALS
 
         return len(SPECIALS) + len(CHARS)
     from transformers import AutoConfig

@@ -1,7 +1,7 @@
 """The configs of the offline commands: `distrl replay` (train from a saved segment log) and `distrl eval`.
 
 Their flags mostly override a source run's (replay: unset means the source run's value) or name what an
-evaluation samples; `distrl/config.py` re-exports both with the other commands' configs.
+evaluation samples; `distrl/cmd/config.py` re-exports both with the other commands' configs.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class EvalConfig(PromptOptions, _EvalModel):
             raise ValueError(f"--ks must each be in [1, --num_samples={self.num_samples}], got {list(self.ks)}")
         if self.adapter is not None and not Path(self.adapter).is_dir():
             raise ValueError(f"--adapter {self.adapter}: no such directory (expected <run_dir>/weights/vNNNNNN)")
-        # --dataset, --model, --tokenizer: checked at preflight (distrl/preflight.py), before any engine
+        # --dataset, --model, --tokenizer: checked at preflight (distrl/cmd/preflight.py), before any engine
 
     @property
     def sampling_temperature(self) -> float:

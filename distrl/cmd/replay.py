@@ -30,9 +30,9 @@ import threading
 import time
 from pathlib import Path
 
-from distrl.config import ReplayConfig, SelectionOptions, TrainConfig
+from distrl.cmd.config import ReplayConfig, SelectionOptions, TrainConfig
 
-log = logging.getLogger("distrl.replay")
+log = logging.getLogger("distrl.cmd.replay")
 OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed")
 GAP_TAG = "learner/logprob_mismatch_mean_abs"  # mean |learner - behavior logprob| per token, nats
 # The first replayed version's GAP_TAG above this (nats per token) means another base model: the same weights
@@ -60,9 +60,9 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
 
 def model_dir(cfg: ReplayConfig, train: TrainConfig, out_dir: Path) -> str:
     """The model to train from, logged: --model if given, else the weights the source run started from
-    (:func:`distrl.trainer.base_model_dir`: its warm start, its built tiny model, or its --model). A
+    (:func:`distrl.cmd.trainer.base_model_dir`: its warm start, its built tiny model, or its --model). A
     `tiny` whose built `model/` is not there (or ``--model tiny``) is built anew from the seed."""
-    from distrl.trainer import base_model_dir
+    from distrl.cmd.trainer import base_model_dir
 
     if cfg.model is None:
         base = base_model_dir(cfg.source, train.model)
@@ -72,7 +72,7 @@ def model_dir(cfg: ReplayConfig, train: TrainConfig, out_dir: Path) -> str:
     elif cfg.model != "tiny":
         log.info("replay starts from --model %s", cfg.model)
         return cfg.model
-    from distrl.tiny import build_tiny_model
+    from distrl.core.tiny import build_tiny_model
 
     log.info("replay starts from a new tiny model (seed %d)", train.seed)
     return str(build_tiny_model(out_dir / "model", seed=train.seed))
@@ -83,7 +83,7 @@ def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
     measured it (a version without signal skips its forward), None if none did; with a warning when it
     exceeds BASE_MODEL_GAP_NATS: the replay's base model is then not the one that generated the log, and
     the importance ratios and the training are wrong."""
-    from distrl.report import read_scalars
+    from distrl.cmd.report import read_scalars
 
     series = read_scalars(tb_dir, (GAP_TAG,)).get(GAP_TAG, [])
     if series and series[0][1] > BASE_MODEL_GAP_NATS:
@@ -114,7 +114,7 @@ def replay(cfg: ReplayConfig) -> dict:
     one version under the given rules, FileNotFoundError if it holds no log.
     """
     from buffer.segments import read_groups
-    from distrl.trainer import setup_logging
+    from distrl.cmd.trainer import setup_logging
 
     out_dir = cfg.out_dir
     if out_dir.exists():

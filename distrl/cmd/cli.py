@@ -13,21 +13,21 @@ import sys
 
 import tyro
 
-from distrl.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
-from distrl.configfile import ConfigFileError, expand_config
-from distrl.errors import NoProgress, PreflightError
-from distrl.faults import RoleFailed, as_interrupted, raise_on_signals
-from distrl.logs import quiet_libraries
-from distrl.preflight import preflight
+from distrl.cmd.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
+from distrl.cmd.configfile import ConfigFileError, expand_config
+from distrl.cmd.faults import RoleFailed, as_interrupted, raise_on_signals
+from distrl.cmd.preflight import preflight
+from distrl.core.errors import NoProgress, PreflightError
+from distrl.core.logs import quiet_libraries
 
 # name -> (config class, "module:function" that takes the config)
 COMMANDS: dict[str, tuple[type, str]] = {
-    "train": (TrainConfig, "distrl.trainer:train"),
-    "learn": (LearnConfig, "distrl.launch:run_learn"),
-    "rollout": (RolloutConfig, "distrl.launch:run_rollout"),
+    "train": (TrainConfig, "distrl.cmd.trainer:train"),
+    "learn": (LearnConfig, "distrl.cmd.launch:run_learn"),
+    "rollout": (RolloutConfig, "distrl.cmd.launch:run_rollout"),
     "buffer": (BufferConfig, "buffer.launch:run"),
-    "replay": (ReplayConfig, "distrl.replay:replay"),
-    "eval": (EvalConfig, "distrl.evaluate:run"),
+    "replay": (ReplayConfig, "distrl.cmd.replay:replay"),
+    "eval": (EvalConfig, "distrl.cmd.evaluate:run"),
 }
 
 # commands that take a --config file shared by a run's roles: other commands' keys are ignored (one line says which)
@@ -47,15 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.extras.subcommand_cli_from_dict(configs, args=argv, prog="distrl", use_underscores=True)
     name = next(n for n, (cls, _) in COMMANDS.items() if type(cfg) is cls)
     module, func = COMMANDS[name][1].split(":")
-    quiet_libraries()  # known harmless library warnings, before any command imports torch (distrl.logs)
+    quiet_libraries()  # known harmless library warnings, before any command imports torch (distrl.core.logs)
     raise_on_signals()  # SIGINT/SIGTERM: each command cleans up, then we exit with 128 + the signal number
     if name == "buffer" and cfg.prefault_bytes:  # before pyarrow starts a thread (buffer.memory)
         from buffer.memory import single_arena
 
         single_arena()
     try:
-        if getattr(cfg, "model", None):  # --model FILE.gguf -> its cached dequantized directory (distrl.gguf)
-            from distrl.gguf import resolve_model
+        if getattr(cfg, "model", None):  # --model FILE.gguf -> its cached dequantized directory (distrl.core.gguf)
+            from distrl.core.gguf import resolve_model
 
             cfg.model = resolve_model(cfg.model)
         preflight(name, cfg)  # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md)
@@ -75,6 +75,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

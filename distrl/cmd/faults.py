@@ -29,7 +29,7 @@ import socket
 import time
 from pathlib import Path
 
-log = logging.getLogger("distrl.faults")
+log = logging.getLogger("distrl.cmd.faults")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -151,8 +151,8 @@ class Watchdog:
 # ---- `distrl train`: what the driver does about a stuck role or an early end -------------------
 
 
-def watch_roles(cfg, run_dir: Path, buffer_address: str, roles: dict):  # cfg: distrl.config.TrainConfig
-    """(Watchdog, watch) for `distrl.trainer._wait_all`, or (None, None) with --heartbeat_timeout_s 0.
+def watch_roles(cfg, run_dir: Path, buffer_address: str, roles: dict):  # cfg: distrl.cmd.config.TrainConfig
+    """(Watchdog, watch) for `distrl.cmd.trainer._wait_all`, or (None, None) with --heartbeat_timeout_s 0.
 
     ``roles``: name -> (Ray handle, run ref). ``watch()`` logs every stuck role by name and kills it
     (:func:`kill_role`): Ray restarts a stuck actor; a stuck learner or buffer raises RoleStuck.
@@ -200,7 +200,7 @@ NOT_RESUMABLE = (ValueError, TypeError, LookupError, ImportError, FileNotFoundEr
 def resumable(exc: BaseException) -> bool:
     """Whether `--resume` may get past ``exc``, the error as Ray raised it (a role's error is an instance
     of its cause's class): not for NOT_RESUMABLE, NoProgress or a role whose start (__init__) raised."""
-    from distrl.errors import NoProgress
+    from distrl.core.errors import NoProgress
 
     if getattr(exc, "actor_init_failed", False):
         return False
@@ -261,7 +261,7 @@ def role_failed(exc: BaseException, handles: dict, run_dir: Path) -> BaseExcepti
     """
     from ray.exceptions import RayActorError, RayTaskError
 
-    from distrl.errors import NoProgress
+    from distrl.core.errors import NoProgress
 
     if isinstance(exc, NoProgress):  # the run cannot advance: the cause's one line names the flag to change
         return getattr(exc, "cause", exc)
@@ -272,7 +272,7 @@ def role_failed(exc: BaseException, handles: dict, run_dir: Path) -> BaseExcepti
     name = next((n for n, h in handles.items() if h is not None and h._actor_id.hex() == found), None)
     log_file = Path(run_dir) / "logs" / f"{name or 'driver'}.log"
     with log_file.open("a") as out:
-        out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} distrl.faults ERROR {name or 'a role'} failed "
+        out.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} distrl.cmd.faults ERROR {name or 'a role'} failed "
                   f"(its error, as Ray gave it to the driver):\n{text.rstrip()}\n")
     return RoleFailed(f"{name or 'a role'} failed: " + "\n  ".join([*_short_error(text), f"see {log_file}"]))
 
