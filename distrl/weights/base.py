@@ -75,6 +75,36 @@ def _bind(sock: zmq.Socket, address: str) -> str:
     return address
 
 
+CHUNK_BYTES = 4 * 2**20  # the largest FETCH chunk a fetcher asks for by default (a request may ask 4x)
+
+
+def serve_fetch(header: wire.Header, payloads: dict[int, Announcement]) -> list[bytes]:
+    """Answer one FETCH request from the payload directories of retained versions.
+
+    Raises WireError for a request that names an unknown version, file or range.
+    """
+    version = header.fields.get("version")
+    ann = payloads.get(version) if isinstance(version, int) else None
+    if ann is None or not Path(ann.location).is_dir():
+        raise wire.WireError(f"version {version!r} is not retained by this learner (have {sorted(payloads)})")
+    root = Path(ann.location)
+    if "file" not in header.fields:
+        files = [[str(p.relative_to(root)), p.stat().st_size] for p in sorted(root.rglob("*")) if p.is_file()]
+        return wire.encode_raw(wire.MsgType.MANIFEST, "learner0", header.seq, version=version, digest=ann.digest,
+                               files=files)
+    name, offset, length = header.fields["file"], header.fields.get("offset"), header.fields.get("length")
+    path = (root / str(name)).resolve()
+    if root.resolve() not in path.parents or not path.is_file():
+        raise wire.WireError(f"no file {name!r} in version {version}")
+    if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and 0 < length <= CHUNK_BYTES * 4):
+        raise wire.WireError(f"bad range offset={offset!r} length={length!r}")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    return wire.encode_raw(wire.MsgType.CHUNK, "learner0", header.seq, body=data, version=version, file=name,
+                           offset=offset)
+
+
 class WeightPublisher:
     """Announces versions (PUB) and answers LATEST requests (ROUTER, served by a daemon thread)."""
 
@@ -125,8 +155,6 @@ class WeightPublisher:
 
     def _answer(self, frames: list[bytes]) -> list[bytes]:
         """Reply to one request on the weight endpoint: LATEST or FETCH; anything else is an ERROR."""
-        from distrl.weights.zmq import serve_fetch
-
         try:
             header, _ = wire.decode_raw(frames)
             with self._lock:
