@@ -138,9 +138,9 @@ def run_trl(args, out: Path) -> dict:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from distrl.cmd.evaluate import evaluate_engine
     from distrl.core.gguf import resolve_model
     from rollout.engines.hf import HFEngine
+    from rollout.evaluation import evaluate_engine
 
     model_dir = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_dir)

@@ -8,7 +8,7 @@ A :class:`Task` gives a rollout actor three things:
   it has one, else a plain template; ``set_prompt`` applies ``--prompt_template``/``--chat_template``);
 - ``reward(completion_text, completion_ids, problem)``: ``(reward, components)``, see `rollout.rewards`.
 
-For evaluation (`distrl.cmd.evaluate`) a task also gives ``extract_answer(completion_text)`` (the final
+For evaluation (`rollout.evaluation`) a task also gives ``extract_answer(completion_text)`` (the final
 answer in canonical form, for majority votes), ``heldout(n, seed)`` (a seeded held-out set of problems
 that ``problems`` never yields afterwards) and ``group_keys`` (``Problem.meta`` keys that metrics are
 broken down by, e.g. MATH-500's ``subject`` and ``level``).

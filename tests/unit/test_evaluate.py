@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from distrl.cmd.evaluate import (
+from rollout.evaluation import (
     ProblemRecord,
     SampleRecord,
     default_ks,
