@@ -278,7 +278,7 @@ def train(cfg: TrainConfig) -> dict:
         set_stderr_level(logging.WARNING)
     try:
         if cfg.warm_start_steps and not cfg.resume:  # before any role: every role's base model is the result
-            from learn.sft import warm_start_run
+            from distrl.cmd.warm_start import warm_start_run
 
             model_dir = warm_start_run(cfg, run_dir, model_dir)
         owns_ray = _connect_ray(cfg)
