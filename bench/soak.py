@@ -8,10 +8,17 @@ followed to its new pid) and the policy version (the buffer's STATS `learner_ver
 the buffer logs in `<run_dir>/logs/buffer0.log`). At the end it interrupts the run (SIGINT to the
 driver, by pid) and waits for it to exit.
 
-The first `--warmup` fraction of the samples (by time) is dropped: models load, caches and the buffer's
-de-duplication window fill. On the rest, each role's RSS (MB) is fitted against the version by least
-squares; the slope times 1,000 is the role's growth per 1,000 versions. Prints a table, then one JSON
-object on the last line (also written to `--out`, default bench/results/soak.json):
+Warm-up: the samples of the first `--warmup` fraction of the time, and those before policy version
+`--warmup_versions`, are dropped (whichever ends later): models load, caches and the buffer's de-duplication
+window fill, and each role's allocator reaches its steady footprint. The version count is for one-time steps
+seen in every soak of this configuration (BENCHMARKS.md, "Soak"): the actor's RSS rises ~4 MB once near version
+1,100-2,300 and the learner's near 2,500, when CPython's table of interned strings is first rebuilt. pathlib
+interns every path component (a version's `v001234`, ...); the ~13-15 such strings a version that die leave a
+used slot behind until a rebuild, which sizes the table for the ~137,000-150,000 live strings: 2**19 slots
+(7.3 MB, on the heap) where 2**18 (3.7 MB, mmapped) held them since start-up. Later rebuilds keep that size (the
+live count does not grow: RSS is flat after the step). On the rest, each role's RSS (MB) is fitted against
+the version by least squares; the slope times 1,000 is the role's growth per 1,000 versions. Prints a table,
+then one JSON object on the last line (also written to `--out`, default bench/results/soak.json):
 ``{"rss_mb_per_1k_versions": {role: slope}, "versions", "minutes", "rss_mb_start", "rss_mb_end", ...}``; the
 file also holds every sample (``series``).
 
@@ -39,6 +46,10 @@ FLAGS = ["--model", "tiny", "--task", "arith", "--arith_ops", "+", "--finetune",
          "--dedup_window", "16384"]  # 64 versions of 256 sample ids: the buffer's bounded id memory is full
 # (at most two windows) within the warm-up; the default 2**20 ids fill in ~8,000 versions, which a slow machine
 # does not reach in 20 minutes: the buffer would seem to grow.
+
+
+WARMUP_VERSIONS = 3000
+PEAK_WINDOW = 12  # samples per window of the peak fit (one minute at the default --interval_s)
 
 
 def rss_mb(pid: int) -> float | None:
@@ -136,23 +147,34 @@ def stop(proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
         proc.wait()
 
 
-def analyse(samples: list[dict], warmup: float) -> dict:
-    """Drop the first `warmup` fraction of the sampled time; fit each role's RSS against the version.
+def analyse(samples: list[dict], warmup: float, warmup_versions: int = 0) -> dict:
+    """Drop the first `warmup` fraction of the sampled time and the samples before version `warmup_versions`;
+    fit each role's RSS against the version.
 
-    Returns {"rss_mb_per_1k_versions", "rss_mb_per_minute", "rss_mb_start", "rss_mb_end" (each {role: MB}),
+    ``peak_rss_mb_per_1k_versions``: the same fit over each window of PEAK_WINDOW samples' largest RSS (at
+    its mean version), beside the plain fit: a leak raises the peaks too, and they move less than single
+    samples when glibc returns free heap to the OS and takes it back (the learner's RSS swings by up to
+    ~80 MB while its live heap stays flat, see BENCHMARKS.md).
+
+    Returns {"rss_mb_per_1k_versions", "peak_rss_mb_per_1k_versions", "rss_mb_per_minute", "rss_mb_start",
+    "rss_mb_end" (each {role: MB}),
     "versions" (total, at the last sample), "versions_fitted", "minutes_fitted", "samples_fitted"}.
     Raises ValueError with fewer than 3 samples after the warm-up.
     """
     t0, t1 = samples[0]["t"], samples[-1]["t"]
-    kept = [s for s in samples if s["t"] >= t0 + warmup * (t1 - t0)]
+    kept = [s for s in samples if s["t"] >= t0 + warmup * (t1 - t0) and s["version"] >= warmup_versions]
     if len(kept) < 3:
         raise ValueError(f"{len(kept)} samples after the warm-up: run longer (--minutes) or sample more often")
     roles = sorted({r for s in kept for r in s["rss"]}, key=lambda r: (r != "driver", r))
-    result = {key: {} for key in ("rss_mb_per_1k_versions", "rss_mb_per_minute", "rss_mb_start", "rss_mb_end")}
+    result = {key: {} for key in ("rss_mb_per_1k_versions", "peak_rss_mb_per_1k_versions", "rss_mb_per_minute",
+                                  "rss_mb_start", "rss_mb_end")}
     for role in roles:
         points = [(s["version"], (s["t"] - t0) / 60, s["rss"][role]) for s in kept if role in s["rss"]]
         versions, minutes, rss = zip(*points)
         result["rss_mb_per_1k_versions"][role] = round(1000 * fit_slope(list(versions), list(rss)), 4)
+        windows = [points[i:i + PEAK_WINDOW] for i in range(0, len(points), PEAK_WINDOW)]
+        peaks = [(sum(p[0] for p in w) / len(w), max(p[2] for p in w)) for w in windows]
+        result["peak_rss_mb_per_1k_versions"][role] = round(1000 * fit_slope(*map(list, zip(*peaks))), 4)
         result["rss_mb_per_minute"][role] = round(fit_slope(list(minutes), list(rss)), 4)
         result["rss_mb_start"][role], result["rss_mb_end"][role] = round(rss[0], 1), round(rss[-1], 1)
     restarted = sorted({r for s in kept for r in s["pids"] if s["pids"][r] != kept[0]["pids"].get(r)})
@@ -166,10 +188,11 @@ def analyse(samples: list[dict], warmup: float) -> dict:
 
 def table(result: dict) -> str:
     """The per-role table printed before the JSON line."""
-    lines = [f"{'role':<10} {'RSS start MB':>12} {'RSS end MB':>10} {'MB/1k versions':>14} {'MB/min':>8}"]
+    lines = [f"{'role':<10} {'RSS start MB':>12} {'RSS end MB':>10} {'MB/1k versions':>14} {'peaks':>8} {'MB/min':>8}"]
     for role, slope in result["rss_mb_per_1k_versions"].items():
         lines.append(f"{role:<10} {result['rss_mb_start'][role]:>12.1f} {result['rss_mb_end'][role]:>10.1f} "
-                     f"{slope:>14.3f} {result['rss_mb_per_minute'][role]:>8.3f}")
+                     f"{slope:>14.3f} {result['peak_rss_mb_per_1k_versions'][role]:>8.3f} "
+                     f"{result['rss_mb_per_minute'][role]:>8.3f}")
     return "\n".join(lines)
 
 
@@ -178,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="run length from the launch (default 20)")
     parser.add_argument("--interval_s", type=float, default=5.0, help="seconds between samples (default 5)")
     parser.add_argument("--warmup", type=float, default=0.25, help="fraction of the sampled time dropped (0.25)")
+    parser.add_argument("--warmup_versions", type=int, default=WARMUP_VERSIONS, help="samples before this policy "
+                        f"version are dropped too ({WARMUP_VERSIONS}: past the one-time steps, see above)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     parser.add_argument("--log_dir", type=Path, default=None, help="keep the run here (default: a temporary "
                         "directory, deleted at the end)")
@@ -192,8 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     if not samples:
         raise SystemExit("no sample: the buffer never answered STATS")
     result = {"command": command(flags), "minutes": args.minutes, "interval_s": args.interval_s,
-              "warmup": args.warmup, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(samples[0]["t"])),
-              **analyse(samples, args.warmup)}
+              "warmup": args.warmup, "warmup_versions": args.warmup_versions,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(samples[0]["t"])),
+              **analyse(samples, args.warmup, args.warmup_versions)}
     result["versions_per_s"] = round(result["versions_fitted"] / max(60 * result["minutes_fitted"], 1e-9), 2)
     print(table(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -35,3 +35,15 @@ def test_rss_of_a_live_and_a_gone_process():
 
     assert rss_mb(os.getpid()) > 1
     assert rss_mb(2**22 + 12345) is None
+
+
+def test_analyse_drops_the_samples_before_warmup_versions_too():
+    """A 4 MB step at version 600, past the time warm-up (version 250): fitted, the step makes a slope;
+    with warmup_versions 700 the fit starts after it and the flat role reads 0."""
+    samples = [{"t": 1000.0 + 6 * i, "version": 10 * i, "rss": {"actor0": 500.0 + (4.0 if i >= 60 else 0.0)},
+                "pids": {"actor0": 7}} for i in range(100)]
+    assert analyse(samples, warmup=0.25)["rss_mb_per_1k_versions"]["actor0"] > 1
+    result = analyse(samples, warmup=0.25, warmup_versions=700)
+    assert result["rss_mb_per_1k_versions"]["actor0"] == 0.0 and result["rss_mb_start"]["actor0"] == 504.0
+    assert result["peak_rss_mb_per_1k_versions"]["actor0"] == 0.0
+    assert result["samples_fitted"] == 30
