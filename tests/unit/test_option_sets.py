@@ -25,29 +25,27 @@ _BUFFER = "the buffer's selection and storage: `distrl buffer` takes them"
 _ACTOR = "read by rollout actors only (the engine, in-flight updates, actor 0's samples and evaluations)"
 _LEARNER = "read by learners only (loss, optimizer, model, checkpoints, export)"
 
+# options neither role launcher reads: the driver's, the warm start's and the buffer's
+_NOT_A_ROLE_OPTION = {
+    **dict.fromkeys(["console", "heartbeat_timeout_s", "max_actor_restarts", "ray_address", "gpus_per_actor",
+                     "gpus_per_learner", "gpu_split", "placement_strategy", "placement_timeout_s", "host"],
+                    _TRAIN_ONLY),
+    **dict.fromkeys(["warm_start_steps", "warm_start_lr", "warm_start_batch_size", "warm_start_until_accuracy"],
+                    _WARM_START),
+    **dict.fromkeys(["topk", "topk_by", "order", "filter_zero_variance", "replay_ratio", "fsync", "max_rows",
+                     "max_bytes", "max_msg_bytes", "prefault_bytes", "dedup_window", "segment_max_bytes",
+                     "retention_bytes", "retention_s"], _BUFFER),
+}
+
 REMOVED: dict[str, dict[str, str]] = {
     "learn": {
-        **dict.fromkeys(["console", "heartbeat_timeout_s", "max_actor_restarts", "ray_address", "gpus_per_actor",
-                         "gpus_per_learner", "gpu_split", "placement_strategy", "placement_timeout_s", "host"],
-                        _TRAIN_ONLY),
-        **dict.fromkeys(["warm_start_steps", "warm_start_lr", "warm_start_batch_size",
-                         "warm_start_until_accuracy"], _WARM_START),
-        **dict.fromkeys(["topk", "topk_by", "order", "filter_zero_variance", "replay_ratio", "fsync", "max_rows",
-                         "max_bytes", "max_msg_bytes", "prefault_bytes", "dedup_window", "segment_max_bytes",
-                         "retention_bytes", "retention_s"], _BUFFER),
+        **_NOT_A_ROLE_OPTION,
         # --learner_generates uses the learner's own model: no engine, no weight loading, never actor 0
         **dict.fromkeys(["engine", "inflight_update", "merge_lora", "log_samples", "eval_num_samples",
                          "eval_temperature"], _ACTOR),
     },
     "rollout": {
-        **dict.fromkeys(["console", "heartbeat_timeout_s", "max_actor_restarts", "ray_address", "gpus_per_actor",
-                         "gpus_per_learner", "gpu_split", "placement_strategy", "placement_timeout_s", "host"],
-                        _TRAIN_ONLY),
-        **dict.fromkeys(["warm_start_steps", "warm_start_lr", "warm_start_batch_size",
-                         "warm_start_until_accuracy"], _WARM_START),
-        **dict.fromkeys(["topk", "topk_by", "order", "filter_zero_variance", "replay_ratio", "fsync", "max_rows",
-                         "max_bytes", "max_msg_bytes", "prefault_bytes", "dedup_window", "segment_max_bytes",
-                         "retention_bytes", "retention_s"], _BUFFER),
+        **_NOT_A_ROLE_OPTION,
         "max_staleness": "the buffer enforces it and learner rank 0 keeps weights by it; an actor never reads it",
         "number_of_learners": "an actor asks for batch_size / number_of_actors groups; learners read it",
         "learner_generates": "a learner's option (it makes the learner generate too)",
