@@ -183,6 +183,9 @@ class BufferServer:
             raise
         self.poll_ms = poll_ms
         self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-commit")
+        # The commit thread's first Arrow allocation, made now: at the first segment rotation (the schema message
+        # of the next segment) it raised the RSS by ~2 MB once, in Arrow's mimalloc arena (BENCHMARKS.md, Soak).
+        self._commit_pool.submit(wire.COMPLETION_SCHEMA.serialize).result()
         self._committing: tuple[Future, list, int] | None = None  # a commit in flight, its ACKs, the seq it ends at
         self._unwritten: list[tuple] = []  # (groups, first seq, IPC message) accepted since it started
         self._unacked: list[list] = []  # the ACKs waiting for the next commit
