@@ -257,15 +257,31 @@ def _connect_ray(cfg: TrainConfig) -> bool:
     return True
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
-    quiet_libraries()  # before the imports below load torch (and torchao)
-    import ray
+@dataclasses.dataclass
+class _Run:
+    """What a run started, recorded as each part starts, so a failure part-way shuts down just that."""
 
-    from buffer.client import BufferClient
-    from rollout.actor import ActorEndpoints
+    placement: object = None
+    buffer: object = None
+    buffer_address: str | None = None
+    buffer_ref: object = None
+    console: object = None
+    watchdog: object = None
+    learners: list = dataclasses.field(default_factory=list)
+    actors: list = dataclasses.field(default_factory=list)
+    learner_refs: list = dataclasses.field(default_factory=list)
+    actor_refs: list = dataclasses.field(default_factory=list)
+    gpu_ids: dict = dataclasses.field(default_factory=dict)
 
-    began = time.time()  # the whole command, warm start included (report's wall_s)
+    def handles(self) -> dict:
+        """Role name -> Ray actor handle (None for one not started)."""
+        return {"buffer0": self.buffer, **{f"learner{r}": h for r, h in enumerate(self.learners)},
+                **{f"actor{i}": h for i, h in enumerate(self.actors)}}
+
+
+def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
+    """The run directory (new or resumed), driver logging, the warm start, Ray; returns
+    ``(cfg, run_dir, model_dir, owns_ray)``. A new run's directory is removed if this fails."""
     if cfg.resume:
         cfg, run_dir, model_dir = resume_run_dir(cfg)
     else:
@@ -286,83 +302,111 @@ def train(cfg: TrainConfig) -> dict:
         if not cfg.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
-    start = time.time()
-    placement = buffer_address = buffer_ref = watchdog = console = None
-    buffer, learners, actors = None, [], []
-    try:
-        placement = reserve(cfg)
-        BufferRole, LearnerRole, RolloutRole = _roles()
-        # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
-        buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}}).remote(
-            cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
-        buffer_address = ray.get(buffer.address.remote())
-        buffer_ref = buffer.serve.remote()
-        console = start_console(cfg.console, buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
-        dist_address = f"tcp://{cfg.host}:{_free_port(cfg.host)}"
-        learners = [LearnerRole.options(**placement.options(f"learner{r}")).remote(
-                        cfg, r, buffer_address, model_dir, str(run_dir), dist_address)
+    return cfg, run_dir, model_dir, owns_ray
+
+
+def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> None:
+    """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts."""
+    import ray
+
+    from rollout.actor import ActorEndpoints
+
+    run.placement = reserve(cfg)
+    BufferRole, LearnerRole, RolloutRole = _roles()
+    # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
+    run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}}).remote(
+        cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
+    run.buffer_address = ray.get(run.buffer.address.remote())
+    run.buffer_ref = run.buffer.serve.remote()
+    run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
+    dist_address = f"tcp://{cfg.host}:{_free_port(cfg.host)}"
+    run.learners = [LearnerRole.options(**run.placement.options(f"learner{r}")).remote(
+                        cfg, r, run.buffer_address, model_dir, str(run_dir), dist_address)
                     for r in range(cfg.number_of_learners)]
-        pub, latest = ray.get(learners[0].weight_addresses.remote())
-        endpoints = ActorEndpoints(buffer_address, pub, latest)
-        restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
-        actors = [RolloutRole.options(**restarts, **placement.options(f"actor{i}")).remote(cfg, i, endpoints,
-                                                                                           model_dir, str(run_dir))
+    pub, latest = ray.get(run.learners[0].weight_addresses.remote())
+    endpoints = ActorEndpoints(run.buffer_address, pub, latest)
+    restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
+    run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
+                      cfg, i, endpoints, model_dir, str(run_dir))
                   for i in range(cfg.number_of_actors)]
-        gpu_ids = {f"learner{r}": ray.get(lr.accelerator_ids.remote()) for r, lr in enumerate(learners)}
-        gpu_ids.update({f"actor{i}": ray.get(a.accelerator_ids.remote()) for i, a in enumerate(actors)})
-        log.info("placement (GPUs per actor %g, per learner %g): %s", placement.gpus_per_actor,
-                 placement.gpus_per_learner, gpu_ids)
-        actor_refs = [a.run.remote() for a in actors]
-        learner_refs = [lr.run.remote() for lr in learners]
-        roles = {"buffer0": (buffer, buffer_ref),
-                 **{f"learner{r}": (lr, ref) for r, (lr, ref) in enumerate(zip(learners, learner_refs))},
-                 **{f"actor{i}": (a, ref) for i, (a, ref) in enumerate(zip(actors, actor_refs))}}
-        watchdog, watch = watch_roles(cfg, run_dir, buffer_address, roles)
-        learner_results = _wait_all(learner_refs, actor_refs + [buffer_ref], watch=watch)
-        actor_results = _wait_all(actor_refs, [buffer_ref], timeout_s=600, watch=watch)
-        client = BufferClient(buffer_address, "driver", timeout_s=10)
+    run.gpu_ids = {name: ray.get(h.accelerator_ids.remote()) for name, h in run.handles().items() if name != "buffer0"}
+    log.info("placement (GPUs per actor %g, per learner %g): %s", run.placement.gpus_per_actor,
+             run.placement.gpus_per_learner, run.gpu_ids)
+    run.actor_refs = [a.run.remote() for a in run.actors]
+    run.learner_refs = [lr.run.remote() for lr in run.learners]
+
+
+def _stop(run: _Run, owns_ray: bool) -> None:
+    """The live view, the watchdog, our roles (on a cluster we joined), the placement group, Ray."""
+    import ray
+
+    if run.console is not None:
+        run.console.stop()
+    if run.watchdog is not None:
+        run.watchdog.close()
+    if not owns_ray:  # a cluster we joined lives on: end our roles so their GPUs are free again
+        for handle in run.handles().values():
+            if handle is not None:
+                ray.kill(handle)
+    if run.placement is not None:
+        run.placement.release()
+    if owns_ray:
+        ray.shutdown()
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
+    quiet_libraries()  # before the imports below load torch (and torchao)
+    import ray
+
+    from buffer.client import BufferClient
+
+    began = time.time()  # the whole command, warm start included (report's wall_s)
+    cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
+    raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
+    start, run = time.time(), _Run()
+    try:
+        _start_roles(cfg, run_dir, model_dir, run)
+        refs = dict(zip(run.handles(), [run.buffer_ref, *run.learner_refs, *run.actor_refs]))
+        run.watchdog, watch = watch_roles(cfg, run_dir, run.buffer_address,
+                                          {name: (h, refs[name]) for name, h in run.handles().items()})
+        learner_results = _wait_all(run.learner_refs, run.actor_refs + [run.buffer_ref], watch=watch)
+        actor_results = _wait_all(run.actor_refs, [run.buffer_ref], timeout_s=600, watch=watch)
+        client = BufferClient(run.buffer_address, "driver", timeout_s=10)
         client.shutdown()
         client.close()
-        buffer_stats = ray.get(buffer_ref, timeout=60)
+        buffer_stats = ray.get(run.buffer_ref, timeout=60)
     except (Exception, KeyboardInterrupt) as exc:  # a signal, a stuck or a failed role: flush the buffer, say why
-        handles = {"buffer0": buffer, **{f"learner{r}": h for r, h in enumerate(learners)},
-                   **{f"actor{i}": h for i, h in enumerate(actors)}}
-        reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, handles, run_dir)
-        if console is not None:  # the last view stays; what follows is printed below it
-            console.stop()
-        end_early(reason, run_dir, start, buffer_address, buffer_ref, can_resume=resumable(exc))
+        reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, run.handles(), run_dir)
+        if run.console is not None:  # the last view stays; what follows is printed below it
+            run.console.stop()
+        end_early(reason, run_dir, start, run.buffer_address, run.buffer_ref, can_resume=resumable(exc))
         if reason is not exc:  # the signal Ray turned into a plain KeyboardInterrupt, or a role's RoleFailed
             raise reason from None
         raise
     finally:
-        if console is not None:
-            console.stop()
-        if watchdog is not None:
-            watchdog.close()
-        if not owns_ray:  # a cluster we joined lives on: end our roles so their GPUs are free again
-            for handle in [buffer, *learners, *actors]:
-                if handle is not None:
-                    ray.kill(handle)
-        if placement is not None:
-            placement.release()
-        if owns_ray:
-            ray.shutdown()
-    from buffer.segments import groups_by_actor
-    from distrl.cmd.report import reward_series
-
-    logged = groups_by_actor(run_dir)  # groups per role: the log's, not a counter a restarted process reset
-    summary = {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,
-               "train_wall_s": time.time() - start, "gpu_ids": gpu_ids,
-               "learner_generated": [_logged_groups(r.get("generated"), logged) for r in learner_results],
-               "actors": [_logged_groups(a, logged) for a in actor_results], "buffer": buffer_stats,
-               "long_prompts_skipped": sum((a or {}).get("long_prompts_skipped", 0)  # actors, --learner_generates
-                                           for a in actor_results + [r.get("generated") for r in learner_results]),
-               "reward_by_version": [reward for _, reward in reward_series(run_dir)]}  # versions 1.., resumes too
+        _stop(run, owns_ray)
+    summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON
     return summary
+
+
+def _summary(run_dir: Path, began: float, start: float, gpu_ids: dict, learner_results: list,
+             actor_results: list, buffer_stats: dict) -> dict:
+    """summary.json: versions, wall times, GPU ids, each role's groups as the segment log counts them."""
+    from buffer.segments import groups_by_actor
+    from distrl.cmd.report import reward_series
+
+    logged = groups_by_actor(run_dir)  # groups per role: the log's, not a counter a restarted process reset
+    generated = [r.get("generated") for r in learner_results]  # --learner_generates
+    return {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,
+            "train_wall_s": time.time() - start, "gpu_ids": gpu_ids,
+            "learner_generated": [_logged_groups(g, logged) for g in generated],
+            "actors": [_logged_groups(a, logged) for a in actor_results], "buffer": buffer_stats,
+            "long_prompts_skipped": sum((a or {}).get("long_prompts_skipped", 0) for a in actor_results + generated),
+            "reward_by_version": [reward for _, reward in reward_series(run_dir)]}  # versions 1.., resumes too
 
 
 def _logged_groups(result: dict | None, logged: dict[int, int]) -> dict | None:
