@@ -13,7 +13,7 @@ from pathlib import Path
 
 from distrl.cmd.config import LearnConfig, RolloutConfig, TrainConfig
 from distrl.cmd.faults import read_role_file, write_role_file
-from distrl.cmd.trainer import set_torch_threads
+from distrl.cmd.roles import set_torch_threads
 from distrl.core.logs import setup_logging
 
 log = logging.getLogger("distrl.cmd.launch")

@@ -15,8 +15,8 @@ from distrl.core.logs import ONCE, _Once, quiet_libraries, set_stderr_level, set
 ROOT = Path(__file__).resolve().parents[2]
 
 RAY_TRACEBACK = """\
-ray::RolloutRole.run() (pid=12, ip=10.0.0.1, actor_id=ab12, repr=<distrl.cmd.trainer.RolloutRole object>)
-  File "/work/distrl/cmd/trainer.py", line 176, in run
+ray::RolloutRole.run() (pid=12, ip=10.0.0.1, actor_id=ab12, repr=<distrl.cmd.roles.RolloutRole object>)
+  File "/work/distrl/cmd/roles.py", line 131, in run
     return self.actor.run()
            ^^^^^^^^^^^^^^^^
   File "/work/rollout/actor.py", line 238, in _make_group
