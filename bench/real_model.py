@@ -113,11 +113,12 @@ def run_distrl(args, case: str, out: Path) -> dict:
     log = open(out / f"{case}.log", "w")
     env = {**os.environ, "RAY_TMPDIR": str(work / f"ray_{case}"), "PYTHONUNBUFFERED": "1"}
     Path(env["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(distrl_command(args, case, work), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    command = distrl_command(args, case, work)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     how = stop_when_done(proc, work / case / "eval.jsonl", args.minutes, args.hard_s)
     lines = read_eval(work / case / "eval.jsonl")
     return {"case": case, "how": how, "curve": train_seconds(lines),
-            "command": " ".join(distrl_command(args, case, work)[2:]),
+            "command": " ".join(command[2:]),
             "peak_memory_gib": peak_memory_gib(work / case / "tb"), "wall_s": lines[-1]["wall_s"] if lines else None}
 
 
@@ -281,7 +282,7 @@ def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.model = resolve_model(args.model)  # once, before the cases share its cache
-    forward = [a for a in sys.argv[2:]]
+    forward = sys.argv[2:]
     procs = {case: subprocess.Popen([sys.executable, "-m", "bench.real_model", "case", case, *forward], cwd=ROOT,
                                     stdout=open(out / f"{case}.case.log", "w"), stderr=subprocess.STDOUT)
              for case in args.cases.split(",")}
