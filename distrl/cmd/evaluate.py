@@ -40,10 +40,10 @@ def load_problems(task, cfg) -> list:
 
 def run(cfg) -> EvalReport:
     """`distrl eval`: evaluate --model (with --adapter's weights) on --dataset; print a table, write --output."""
-    import os
     import tempfile
 
-    from rollout.engines import cpu_engine_env, make_engine
+    from distrl.cmd.assemble import resolve_model, use_cpu_engine_env
+    from rollout.engines import make_engine
     from rollout.tasks import load_task
 
     task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, split=cfg.split, arith_ops=tuple(cfg.arith_ops),
@@ -51,22 +51,14 @@ def run(cfg) -> EvalReport:
     task.set_prompt(cfg.prompt_template, cfg.chat_template)
     problems = load_problems(task, cfg)
     with tempfile.TemporaryDirectory(prefix="distrl-eval-") as tmp:
-        model_dir = cfg.model
-        if cfg.model == "tiny":
-            from distrl.core.tiny import build_tiny_model
-
-            model_dir = str(build_tiny_model(Path(tmp) / "model", seed=cfg.seed))
+        model_dir = resolve_model(cfg.model, tmp, cfg.seed)
         check_fits(model_dir, cfg.tokenizer, task, problems, cfg.max_new_tokens, cfg.max_model_len)
         lora_rank = 16
         if cfg.adapter is not None:
             version, fmt = adapter_format(cfg.adapter)
             if fmt == "lora":
                 lora_rank = json.loads((Path(cfg.adapter) / "adapter_config.json").read_text()).get("r", 16)
-        import torch
-
-        if not torch.cuda.is_available():
-            for key, value in cpu_engine_env(0).items():
-                os.environ.setdefault(key, value)
+        use_cpu_engine_env(0)
         engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, lora_rank, cfg.max_model_len,
                              seed=cfg.seed)
         if cfg.adapter is not None:

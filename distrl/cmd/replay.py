@@ -52,7 +52,7 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
     options.update({name: getattr(cfg, name) for name in OVERRIDES if getattr(cfg, name) is not None})
     options.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(SelectionOptions)})
     options.update(run_name=cfg.run_name, log_dir=cfg.log_dir, group_size=group_size, number_of_learners=1,
-                   number_of_actors=1, max_steps=cfg.max_steps or 1)
+                   number_of_actors=1, max_steps=cfg.max_steps or 1, learner_generates=False, resume=None)
     if cfg.model is not None:
         options["model"] = cfg.model
     return TrainConfig(**options)
@@ -62,20 +62,17 @@ def model_dir(cfg: ReplayConfig, train: TrainConfig, out_dir: Path) -> str:
     """The model to train from, logged: --model if given, else the weights the source run started from
     (:func:`distrl.cmd.trainer.base_model_dir`: its warm start, its built tiny model, or its --model). A
     `tiny` whose built `model/` is not there (or ``--model tiny``) is built anew from the seed."""
+    from distrl.cmd.assemble import resolve_model
     from distrl.cmd.trainer import base_model_dir
 
     if cfg.model is None:
         base = base_model_dir(cfg.source, train.model)
-        if train.model != "tiny" or (Path(base) / "config.json").is_file():
+        if base == train.model or (Path(base) / "config.json").is_file():  # not a tiny model that is gone
             log.info("replay starts from %s: the weights the source run started from", base)
             return base
-    elif cfg.model != "tiny":
-        log.info("replay starts from --model %s", cfg.model)
-        return cfg.model
-    from distrl.core.tiny import build_tiny_model
-
-    log.info("replay starts from a new tiny model (seed %d)", train.seed)
-    return str(build_tiny_model(out_dir / "model", seed=train.seed))
+    model = resolve_model(cfg.model or train.model, out_dir, train.seed)
+    log.info("replay starts from %s (--model %s, seed %d)", model, cfg.model or train.model, train.seed)
+    return model
 
 
 def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
@@ -161,8 +158,7 @@ def replay(cfg: ReplayConfig) -> dict:
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
     """Serve the log from a replay BufferServer thread and run one Learner against it to train.max_steps."""
     from buffer.server import BufferServer
-    from distrl.weights import DirectoryTransport, WeightPublisher
-    from learn.learner import Learner
+    from distrl.cmd.assemble import build_learner
 
     server = BufferServer("tcp://127.0.0.1:0", out_dir, train.batch_size, train.max_staleness, train.k,
                           train.group_size, out_dir / "tb" / "buffer0", replay_from=cfg.source, restamp=restamp,
@@ -170,17 +166,13 @@ def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, res
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), name="replay-buffer", daemon=True)
     thread.start()
-    publisher = WeightPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
-    learner = None
-    try:
-        learner = Learner(train, 0, 1, server.address, model, publisher,
-                          DirectoryTransport(out_dir / "weights", keep=train.max_staleness + 4),
-                          tb_dir=str(out_dir / "tb" / "learner0"))
-        return learner.run()
+    parts = None
+    try:  # no actors fetch its versions (no linger) and it writes no checkpoints
+        parts = build_learner(train, 0, 1, out_dir, model, server.address, checkpoints=False)
+        return parts.run()
     finally:
-        if learner is not None:
-            learner.close()
-        publisher.close()
+        if parts is not None:
+            parts.close(linger=False)
         stop.set()
         thread.join(timeout=10)
         server.close()

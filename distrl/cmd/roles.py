@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 
+from distrl.cmd.assemble import build_actor, build_learner, cuda_available, set_torch_threads
 from distrl.cmd.config import TrainConfig, buffer_options
 from distrl.cmd.faults import write_role_file
 from distrl.core.logs import role_logging
@@ -39,7 +40,9 @@ class BufferRole:
 
 
 class LearnerRole:
-    """One learner rank's Ray actor; rank 0 also publishes weights (and --learner_generates generates)."""
+    """One learner rank's Ray actor (distrl.cmd.assemble.build_learner); rank 0 also publishes weights.
+    ``run`` closes everything on error; after a finished run the driver calls ``close`` once the actors
+    are done (until then rank 0 serves the final version to them)."""
 
     def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
                  dist_address: str):
@@ -51,44 +54,31 @@ class LearnerRole:
 
             dist.init_process_group("nccl" if cuda_available() else "gloo", init_method=dist_address, rank=rank,
                                     world_size=cfg.number_of_learners)
-        from distrl.weights import DirectoryTransport, WeightPublisher
-        from learn.learner import Learner
-
-        publisher = transport = None
-        if rank == 0:
-            publisher = WeightPublisher(f"tcp://{cfg.host}:0", f"tcp://{cfg.host}:0")
-            transport = DirectoryTransport(Path(run_dir) / "weights", keep=cfg.max_staleness + 4)
-        self.publisher = publisher
-        self.learner = Learner(cfg, rank, cfg.number_of_learners, buffer_address, model_dir, publisher,
-                               transport, tb_dir=str(Path(run_dir) / "tb" / f"learner{rank}"), run_dir=run_dir)
-        if cfg.resume:
-            self.learner.resume()
-
-        self.generator = None  # --learner_generates: rollouts from the learner's own model while it waits
-        if cfg.learner_generates:
-            from rollout.colocated import LearnerGenerator
-
-            self.generator = LearnerGenerator(cfg, rank, self.learner.model, buffer_address, model_dir,
-                                              tb_dir=str(Path(run_dir) / "tb" / f"learner{rank}gen"))
-            self.learner.while_waiting = self.generator.generate_once
+        bind = f"tcp://{cfg.host}:0"
+        self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer_address,
+                                   weights_bind=(bind, bind), resume=bool(cfg.resume))
 
     def weight_addresses(self) -> tuple[str, str] | None:
-        return self.publisher.addresses if self.publisher else None
+        return self.parts.weight_addresses
 
     def accelerator_ids(self) -> list[str]:
         return accelerator_ids()
 
     def run(self) -> dict:
-        result = self.learner.run()
-        if self.generator is not None:
-            result["generated"] = self.generator.summary()
-            self.generator.close()
-        self.learner.close()  # the buffer client, and the nccl sender (a round nobody joined is aborted)
-        return result
+        try:
+            return self.parts.run()
+        except BaseException:
+            self.parts.close(linger=False)
+            raise
+
+    def close(self) -> None:
+        """The actors are done (the driver saw them return): close without waiting for them."""
+        self.parts.close(linger=False)
 
 
 class RolloutRole:
-    """One rollout actor's Ray actor; Ray restarts it (--max_actor_restarts) and it rejoins the run."""
+    """One rollout actor's Ray actor (distrl.cmd.assemble.build_actor); Ray restarts it
+    (--max_actor_restarts) and it rejoins the run. ``run`` closes the actor however it ends."""
 
     def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
         import ray
@@ -100,20 +90,16 @@ class RolloutRole:
         if rejoin:
             logging.getLogger("distrl.actor").warning("actor%d: restarted (pid %d): rejoining the run",
                                                       actor_id, os.getpid())
-        if not cuda_available():
-            from rollout.engines import cpu_engine_env
-
-            os.environ.update(cpu_engine_env(actor_id))
-        from rollout.actor import RolloutActor
-
-        self.actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=run_dir,
-                                  tb_dir=str(Path(run_dir) / "tb" / f"actor{actor_id}"), rejoin=rejoin)
+        self.parts = build_actor(cfg, actor_id, endpoints, model_dir, run_dir, rejoin=rejoin)
 
     def accelerator_ids(self) -> list[str]:
         return accelerator_ids()
 
     def run(self) -> dict:
-        return self.actor.run()
+        try:
+            return self.parts.run()
+        finally:
+            self.parts.close()
 
 
 def ray_roles() -> tuple:
@@ -129,17 +115,3 @@ def accelerator_ids() -> list[str]:
     import ray
 
     return list(ray.get_runtime_context().get_accelerator_ids().get("GPU", []))
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """`--torch_threads`: torch.set_num_threads in this role's process (None: leave torch's default)."""
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()

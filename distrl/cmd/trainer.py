@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from distrl.cmd.assemble import resolve_model
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.console import start_console
 from distrl.cmd.faults import (
@@ -56,12 +57,7 @@ def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
         raise FileExistsError(f"run directory {run_dir} exists: pick another --run_name or remove it")
     run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(cfg.to_json())
-    model_dir = cfg.model
-    if cfg.model == "tiny":
-        from distrl.core.tiny import build_tiny_model
-
-        model_dir = str(build_tiny_model(run_dir / "model", seed=cfg.seed))
-    return run_dir, model_dir
+    return run_dir, resolve_model(cfg.model, run_dir, cfg.seed)
 
 
 def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
@@ -86,7 +82,7 @@ def base_model_dir(run_dir: str | Path, model: str) -> str:
     run_dir = Path(run_dir)
     if (run_dir / "warm_start" / "config.json").is_file():  # --warm_start_steps: the run's base model
         return str(run_dir / "warm_start")
-    return str(run_dir / "model") if model == "tiny" else model
+    return resolve_model(model, run_dir)
 
 
 def _free_port(host: str) -> int:
@@ -250,10 +246,12 @@ def train(cfg: TrainConfig) -> dict:
                                           {name: (h, refs[name]) for name, h in run.handles().items()})
         learner_results = _wait_all(run.learner_refs, run.actor_refs + [run.buffer_ref], watch=watch)
         actor_results = _wait_all(run.actor_refs, [run.buffer_ref], timeout_s=600, watch=watch)
+        closed = [learner.close.remote() for learner in run.learners]  # the actors have the final version
         client = BufferClient(run.buffer_address, "driver", timeout_s=10)
         client.shutdown()
         client.close()
         buffer_stats = ray.get(run.buffer_ref, timeout=60)
+        ray.get(closed, timeout=60)
     except (Exception, KeyboardInterrupt) as exc:  # a signal, a stuck or a failed role: flush the buffer, say why
         reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, run.handles(), run_dir)
         if run.console is not None:  # the last view stays; what follows is printed below it

@@ -66,7 +66,18 @@ def check_run(run_dir: Path, versions: int, max_staleness: int, actors: int) -> 
     assert len(set(table.column("sample_id").to_pylist())) == table.num_rows
     for i in range(actors):
         assert "switched from policy version 0 to " in (run_dir / "logs" / f"actor{i}.log").read_text()
+    check_closed(run_dir, versions, actors)
     return summary
+
+
+def check_closed(run_dir: Path, versions: int, actors: int) -> None:
+    """Every role closed what it opened (distrl.cmd.assemble): learner0 its weight publisher, after the
+    final version (the driver closes the learners once the actors are done); each actor its buffer client,
+    weight subscriber and TensorBoard writer."""
+    learner_log = (run_dir / "logs" / "learner0.log").read_text()
+    assert f"learner0: weight publisher closed (final version {versions})" in learner_log
+    for i in range(actors):
+        assert f"actor{i}: closed" in (run_dir / "logs" / f"actor{i}.log").read_text()
 
 
 def test_gsm8k_grpo_two_actors(qwen_tiny, tmp_path):

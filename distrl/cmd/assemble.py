@@ -1,0 +1,199 @@
+"""Role assembly: a learner rank and a rollout actor are built here, once, for every launcher.
+
+`distrl train`'s Ray roles (`distrl/cmd/roles.py`), the separate launchers `distrl learn|rollout`
+(`distrl/cmd/launch.py`) and `distrl replay` (`distrl/cmd/replay.py`) all build their learner and
+actor with these functions, so the parts, their order and their shutdown are the same everywhere:
+
+    build_learner -> AssembledLearner: rank 0's weight publisher + transport, the Learner (resumed from
+                     its checkpoint if asked), --learner_generates' LearnerGenerator on the learner's model
+    build_actor   -> AssembledActor: the CPU engine environment, the RolloutActor
+
+Each returned object's ``close()`` closes what its builder opened, the last opened first, each part
+even when another's close raised; a builder that fails part-way closes what it had opened before
+re-raising. :func:`resolve_model` is the one place ``--model tiny`` becomes a model directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("distrl.cmd.assemble")
+LOOPBACK_ANY_PORT = "tcp://127.0.0.1:0"
+
+
+def resolve_model(model: str, run_dir: str | Path, seed: int | None = None) -> str:
+    """The model a role loads for ``--model``: ``tiny`` is ``<run_dir>/model``, built there from ``seed``
+    (:func:`distrl.core.tiny.build_tiny_model`; an existing build is reused); with ``seed`` None the path
+    only, built or not (a finished run's). Anything else (a directory, a hub id) is returned as given."""
+    if model != "tiny":
+        return model
+    directory = Path(run_dir) / "model"
+    if seed is None:
+        return str(directory)
+    from distrl.core.tiny import build_tiny_model
+
+    return str(build_tiny_model(directory, seed=seed))
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """`--torch_threads`: torch.set_num_threads in this role's process (None: leave torch's default)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def use_cpu_engine_env(index: int) -> None:
+    """Without CUDA, set the in-process vLLM-CPU engine's environment for engine ``index`` in this process
+    (:func:`rollout.engines.cpu_engine_env`: no engine subprocess, a 1 GiB KV cache, OpenMP bound to core
+    ``index % cores``), before vLLM is imported. Set with ``update``, overriding what the process inherited:
+    under Ray every role inherits the driver's environment, so a value already there (e.g. core 0's
+    binding, set when the driver or a test process ran an engine itself) would otherwise bind every actor
+    to the same core; these are distrl's engine settings, not user knobs (no flag or doc offers them)."""
+    if not cuda_available():
+        from rollout.engines import cpu_engine_env
+
+        os.environ.update(cpu_engine_env(index))
+
+
+class _Parts:
+    """What a builder opened, closed in reverse order by ``close()`` (each part even if another raises)."""
+
+    def __init__(self) -> None:
+        self._opened = contextlib.ExitStack()
+
+    def opened(self, part):
+        """Record ``part`` (an object with ``close()``) to be closed; returns it."""
+        self._opened.callback(part.close)
+        return part
+
+    def close(self) -> None:
+        self._opened.close()
+
+
+class AssembledLearner(_Parts):
+    """One learner rank and what it needs: ``learner``; rank 0: ``publisher`` (announces versions, answers
+    LATEST/FETCH) and ``transport`` (writes each version's weights); ``generator`` with --learner_generates."""
+
+    def __init__(self, rank: int, actors: int) -> None:
+        super().__init__()
+        self.rank, self.actors = rank, actors
+        self.learner = self.publisher = self.transport = self.generator = None
+        self.finished = False  # run() returned: the final version is announced
+
+    @property
+    def weight_addresses(self) -> tuple[str, str] | None:
+        """Rank 0's (announcement, LATEST/FETCH) addresses actors connect to; None on other ranks."""
+        return self.publisher.addresses if self.publisher is not None else None
+
+    def run(self) -> dict:
+        """Train to --max_steps versions; the learner's summary, with ``generated`` (the generator's) if any."""
+        result = self.learner.run()
+        if self.generator is not None:
+            result["generated"] = self.generator.summary()
+        self.finished = True
+        return result
+
+    def close(self, linger: bool = True) -> None:
+        """After a finished run, rank 0 first serves the final version until every one of ``actors`` actors
+        asked for it (``WeightPublisher.linger``: a launcher cannot know when they are done; ``linger=False``
+        where the caller knows: the Ray driver saw them finish, replay has none). Then closes the generator,
+        the learner (buffer client, nccl sender) and the publisher."""
+        try:
+            if linger and self.finished and self.publisher is not None and self.actors > 0:
+                if self.publisher.linger(self.actors):
+                    log.info("learner0: every actor asked for the final version")
+                else:
+                    log.warning("learner0: not every actor came for the final version within the time limit")
+        finally:
+            super().close()
+        if self.publisher is not None and self.learner is not None:
+            log.info("learner0: weight publisher closed (final version %d)", self.learner.version)
+
+
+def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: str, buffer_address: str, *,
+                  weights_bind: tuple[str, str] = (LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT), resume: bool = False,
+                  checkpoints: bool = True) -> AssembledLearner:
+    """Learner rank ``rank`` of ``world`` (the process group, if any, is already joined).
+
+    Args:
+        cfg: the command's config (`LearnConfig` or `TrainConfig`: the learner's sections).
+        run_dir: ``weights/``, ``tb/learner<rank>[gen]/`` and (``checkpoints``) ``ckpt/``, ``final/`` go here.
+        model_dir: the base model (:func:`resolve_model`'s result).
+        buffer_address: the buffer's ZMQ endpoint.
+        weights_bind: rank 0's (announcement PUB, LATEST/FETCH ROUTER) bind addresses; port 0: any free one.
+            The nccl broadcast group meets on the second one's host.
+        resume: restore the newest checkpoint under ``<run_dir>/ckpt/``.
+        checkpoints: write checkpoints and the final export (replay writes neither).
+    Raises what a part raises, after closing the parts opened before it.
+    """
+    from distrl.weights import DirectoryTransport, WeightPublisher
+    from distrl.weights.base import endpoint_host
+    from learn.learner import Learner
+
+    run_dir = Path(run_dir)
+    parts = AssembledLearner(rank, cfg.number_of_actors)
+    try:
+        if rank == 0:
+            parts.publisher = parts.opened(WeightPublisher(*weights_bind))
+            parts.transport = DirectoryTransport(run_dir / "weights", keep=cfg.max_staleness + 4)
+            log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *parts.publisher.addresses)
+        parts.learner = parts.opened(Learner(cfg, rank, world, buffer_address, model_dir, parts.publisher,
+                                             parts.transport, tb_dir=str(run_dir / "tb" / f"learner{rank}"),
+                                             broadcast_host=endpoint_host(weights_bind[1]),
+                                             run_dir=run_dir if checkpoints else None))
+        if resume:
+            parts.learner.resume()
+        if cfg.learner_generates:  # rollouts from this learner's model while its GET waits
+            from rollout.colocated import LearnerGenerator
+
+            parts.generator = parts.opened(LearnerGenerator(cfg, rank, parts.learner.model, buffer_address, model_dir,
+                                                            tb_dir=str(run_dir / "tb" / f"learner{rank}gen")))
+            parts.learner.while_waiting = parts.generator.generate_once
+    except BaseException:
+        parts.close(linger=False)
+        raise
+    return parts
+
+
+class AssembledActor(_Parts):
+    """One rollout actor (``actor``, a RolloutActor) in this process."""
+
+    def __init__(self, actor) -> None:
+        super().__init__()
+        self.actor = self.opened(actor)
+        self.opened(actor.metrics)  # run() closes it when it returns; closed here if run() raised
+
+    def run(self) -> dict:
+        """Generate until the buffer says stop; the actor's summary."""
+        return self.actor.run()
+
+    def close(self) -> None:
+        """Close the actor's TensorBoard writer, buffer client, weight subscriber and --reward worker."""
+        super().close()
+        log.info("%s: closed", self.actor.name)
+
+
+def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Path,
+                rejoin: bool = False) -> AssembledActor:
+    """Rollout actor ``actor_id`` (``endpoints``: a rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
+    and its weight cache under ``run_dir``; ``rejoin``: it ran in this run before (restarted after a crash).
+
+    Sets the CPU engine environment first (:func:`use_cpu_engine_env`). Raises what RolloutActor raises.
+    """
+    use_cpu_engine_env(actor_id)
+    from rollout.actor import RolloutActor
+
+    run_dir = Path(run_dir)
+    actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=str(run_dir),
+                         tb_dir=str(run_dir / "tb" / f"actor{actor_id}"), rejoin=rejoin)
+    return AssembledActor(actor)
