@@ -4,7 +4,8 @@
 - :mod:`buffer.store`: the pure core (held groups, eviction, selection, credits, bounds), no sockets.
 - :mod:`buffer.segments`: the on-disk segment log (Arrow IPC stream), the consumption log, ``lineage``.
 - :mod:`buffer.recovery`: rebuilding memory from the logs (``--resume``, offline replay).
-- :mod:`buffer.server`: the ZeroMQ ROUTER server around the store; :mod:`buffer.launch`: `distrl buffer`.
+- :mod:`buffer.server`: the ZeroMQ ROUTER server around the store, on a :mod:`buffer.endpoint`;
+  :mod:`buffer.assemble`: ``build_buffer``, the one builder of a server; :mod:`buffer.launch`: `distrl buffer`.
 - :mod:`buffer.client`: :class:`BufferClient` (DEALER, Lazy-Pirate retries, backpressure).
 - :mod:`buffer.security`: CURVE keys and authentication.
 - :mod:`buffer.config`: the buffer's config section (torch-free, no pyarrow or zmq either).
@@ -21,6 +22,7 @@ _EXPORTS = {"BufferClient": "buffer.client", "BufferFullError": "buffer.client",
             "ReplayExhausted": "buffer.client", "ConsumptionLog": "buffer.segments", "SegmentLog": "buffer.segments",
             "lineage": "buffer.segments", "read_consumed": "buffer.segments", "read_groups": "buffer.segments",
             "read_segments": "buffer.segments", "topk_rows": "buffer.selection", "BufferServer": "buffer.server",
+            "build_buffer": "buffer.assemble",
             "BufferFull": "buffer.store", "GroupStore": "buffer.store"}
 __all__ = sorted(_EXPORTS)
 

@@ -15,7 +15,9 @@ An ERROR reply raises :class:`BufferRefused` (a RuntimeError) whose ``code`` is 
 (docs/protocol.md); ``full`` raises its subclass :class:`BufferFullError`, which :meth:`BufferClient.put`
 first waits out (backpressure), ``exhausted`` (offline replay) raises :class:`ReplayExhausted`, and
 ``no_progress`` (the run cannot advance) raises :class:`BufferStalled`, a :class:`distrl.core.errors.NoProgress`
-whose text is the buffer's one line.
+whose text is the buffer's one line. A buffer that speaks another wire version (``distrl.core.wire.SCHEMA_VERSION``)
+raises :class:`WireVersionMismatch`, naming both versions, at once (no re-send). Replies are decoded by
+:func:`distrl.core.wire.decode`, whose structs check their fields.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import zmq
 from buffer.security import apply_client_keys
 from distrl.core import wire
 from distrl.core.errors import NoProgress
-from distrl.core.wire import Header, MsgType
+from distrl.core.wire import ErrorCode, Header, MsgType
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,12 @@ class BufferStalled(BufferRefused, NoProgress):
     """The buffer says the run cannot advance (e.g. ``--max_filtered_groups``); ``str()`` is its one line."""
 
 
-_ERRORS = {"full": BufferFullError, "exhausted": ReplayExhausted}  # and no_progress: BufferStalled
+class WireVersionMismatch(BufferRefused):
+    """The buffer speaks another wire version than this client (the text names both): upgrade one side."""
+
+
+_ERRORS = {ErrorCode.FULL: BufferFullError, ErrorCode.EXHAUSTED: ReplayExhausted,
+           ErrorCode.VERSION: WireVersionMismatch}  # and no_progress: BufferStalled
 GET_RESEND_S = 2.0  # a GET with no reply is re-sent this often (a restarted buffer lost it)
 
 
@@ -138,11 +145,11 @@ class BufferClient:
     def _reply(self, msg_type: MsgType, header: Header, body: pa.Table | None) -> tuple[Header, pa.Table | None]:
         """The reply as it is, or the error an ERROR reply stands for."""
         if header.type is MsgType.ERROR:
-            code, text = str(header.fields.get("code", "invalid")), str(header.fields.get("error", "(no text)"))
-            if code == "no_progress":  # the buffer's one line, as launchers print it
-                raise BufferStalled(text.removeprefix(f"{NoProgress.__name__}: "), code)
-            raise _ERRORS.get(code, BufferRefused)(f"buffer at {self.address} refused {msg_type.value} ({code}): "
-                                                   f"{text}", code)
+            code, text = header.code, header.error
+            if code is ErrorCode.NO_PROGRESS:  # the buffer's one line, as launchers print it
+                raise BufferStalled(text.removeprefix(f"{NoProgress.__name__}: "), code.value)
+            raise _ERRORS.get(code, BufferRefused)(f"buffer at {self.address} refused {msg_type.value} "
+                                                   f"({code.value}): {text}", code.value)
         return header, body
 
     def _wait_reply(self, timeout_s: float) -> tuple[Header, pa.Table | None] | None:
@@ -151,7 +158,12 @@ class BufferClient:
         while (left := deadline - time.monotonic()) > 0:
             if not self._sock.poll(int(left * 1000) + 1):
                 return None
-            header, body = wire.decode(self._sock.recv_multipart())
+            try:
+                header, body = wire.decode(self._sock.recv_multipart())
+            except wire.VersionError as exc:
+                raise WireVersionMismatch(f"buffer at {self.address} speaks wire version {exc.theirs!r}, this client "
+                                          f"speaks {exc.ours}: run the same distrl version on both",
+                                          ErrorCode.VERSION.value) from None
             if header.seq == self._seq or (header.type is MsgType.ERROR and header.seq == 0):
                 return header, body
         return None
@@ -167,7 +179,7 @@ class BufferClient:
         While the buffer answers ``full`` the PUT is re-sent (every 0.05 s, doubling to 2 s) for up to
         ``full_wait_s`` seconds, then BufferFullError is raised.
         """
-        return int(self._put(table.combine_chunks(), full_wait_s).fields["seq_no"])
+        return self._put(table.combine_chunks(), full_wait_s).seq_no
 
     def _put(self, table: pa.Table, full_wait_s: float) -> Header:
         """PUT ``table`` (whole groups, one record batch) and return the ACK, re-sending while ``full``."""
@@ -194,7 +206,7 @@ class BufferClient:
         if len(groups) == 1:
             return [self.put(groups[0], full_wait_s)]
         header = self._put(pa.concat_tables(groups).combine_chunks(), full_wait_s)
-        return [int(s) for s in header.fields["seq_nos"]]
+        return list(header.seq_nos)
 
     def get(self, learner_version: int, rank: int = 0, world_size: int = 1, poll_s: float = 0.02,
             timeout_s: float | None = None, on_wait=None) -> pa.Table:
@@ -215,8 +227,7 @@ class BufferClient:
             if header.type is MsgType.BATCH:
                 return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()
             now = time.monotonic()
-            have = header.fields.get("reason") or (f"{header.fields.get('fresh_groups')} of "
-                                                   f"{header.fields.get('batch_size')} fresh groups")
+            have = header.reason or f"{header.fresh_groups} of {header.batch_size} fresh groups"
             if timeout_s is not None and now - start >= timeout_s:
                 raise TimeoutError(f"no batch for version {learner_version} after {timeout_s:.0f}s: are actors "
                                    f"running? (buffer at {self.address}: {have})")
@@ -234,11 +245,16 @@ class BufferClient:
         while the buffer holds its memory bound (then ``granted`` is 0).
         """
         header, _ = self._request(MsgType.CREDIT, want=want)
-        self._expect(header, MsgType.CREDIT)
-        reply = {k: int(header.fields[k]) for k in ("granted", "learner_version", "min_policy_version")}
-        reply["stop"] = int(bool(header.fields.get("stop", False)))
-        reply["full"] = int(bool(header.fields.get("full", False)))
-        return reply
+        self._expect(header, MsgType.GRANT)
+        return {"granted": header.granted, "learner_version": header.learner_version,
+                "min_policy_version": header.min_policy_version, "stop": int(header.stop), "full": int(header.full)}
+
+    def acked_groups(self, actor_id: int) -> int:
+        """Groups of ``actor_id`` the buffer has accepted (those in its segment log after a resume): where a
+        restarted or resumed actor continues its prompt stream. Asks for no credit (a CREDIT of 0)."""
+        header, _ = self._request(MsgType.CREDIT, want=0, actor_id=actor_id)
+        self._expect(header, MsgType.GRANT)
+        return header.acked_groups
 
     def stop(self) -> None:
         """Tell the buffer that training is over: from now on credit replies say stop."""
@@ -249,7 +265,7 @@ class BufferClient:
         """The server's counters (see GroupStore.stats)."""
         header, _ = self._request(MsgType.STATS)
         self._expect(header, MsgType.STATS)
-        return dict(header.fields)
+        return dict(header.counters)
 
     def shutdown(self) -> None:
         """Ask the server to stop (one attempt, no re-send: the server may already be gone)."""

@@ -29,6 +29,7 @@ class Parsed(NamedTuple):
     sample_ids: list[str]  # (m * n,)
     keep: np.ndarray  # (m, k) int64 top-k row indices within each group, ascending
     variance: np.ndarray  # (m,) float64 population variance of the rewards; exactly 0.0 when all equal
+    actors: np.ndarray  # (m,) int32 actor id of each group (its first row's)
 
 
 def rows_of(batch: pa.RecordBatch, groups: list[int], n: int) -> pa.RecordBatch:
@@ -79,7 +80,7 @@ def parse_groups(batch: pa.RecordBatch | pa.Table, n: int, topk: int, topk_by: s
     # wrapper); the mean of n equal float32 values is exact in float64, so equal rewards give exactly 0.0
     centred = rewards - np.add.reduce(rewards, 1, keepdims=True) / n  # (m, n)
     variance = np.add.reduce(centred * centred, 1) / n
-    return Parsed(heads, versions, sample_ids, keep, variance)
+    return Parsed(heads, versions, sample_ids, keep, variance, col(_COL["actor_id"]).to_numpy()[::n])
 
 
 class RecentIds:

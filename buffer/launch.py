@@ -15,8 +15,7 @@ import signal
 import threading
 from pathlib import Path
 
-from buffer.config import buffer_options
-from buffer.server import BufferServer
+from buffer.assemble import build_buffer
 from distrl.core.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
@@ -32,11 +31,7 @@ def run(cfg) -> dict:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = BufferServer(cfg.address, run_dir, cfg.batch_size, cfg.max_staleness, cfg.k, cfg.group_size,
-                          cfg.tb_dir or run_dir / "tb" / "buffer0", resume=cfg.resume is not None,
-                          resume_version=cfg.resume_version,
-                          curve_secret_key=cfg.curve_secret_key, curve_client_keys=cfg.curve_client_keys,
-                          **buffer_options(cfg))
+    server = build_buffer(cfg, run_dir, resume=cfg.resume is not None, resume_version=cfg.resume_version)
     try:
         info = {"address": server.address, "pid": os.getpid(), "config": dataclasses.asdict(cfg)}
         (run_dir / "buffer.json").write_text(json.dumps(info, indent=2))

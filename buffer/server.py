@@ -6,11 +6,17 @@ answered too. Every request gets exactly one reply, echoing its ``seq``:
 
     PUT {body: one or more whole groups}      -> ACK {seq_no, duplicate[, seq_nos, duplicates]}
     GET {learner_version, rank, world_size}   -> BATCH {body: the rank's shard} | WAIT {fresh_groups, reason}
-    CREDIT {want}                             -> CREDIT {granted, learner_version, min_policy_version, stop, full}
+    CREDIT {want[, actor_id]}                 -> GRANT {granted, learner_version, min_policy_version, stop, full
+                                                        [, reason][, acked_groups]}
     STATS                                     -> STATS {counters}
     STOP                                      -> ACK; credit replies say stop from now on
     SHUTDOWN                                  -> ACK, then the loop ends
     anything else                             -> ERROR {error, code}; the server keeps serving
+
+The header structs, their field types and ranges, and the error codes are :mod:`distrl.core.wire`'s.
+A CREDIT that names its ``actor_id`` is also answered ``acked_groups``: the groups of that actor id the
+buffer has accepted (rebuilt from the segment log on resume), where a restarted actor resumes its
+prompt stream.
 
 Progress guard: once ``--max_filtered_groups`` groups in a row were dropped by ``--filter_zero_variance``
 (:meth:`GroupStore.check_progress`) no batch may ever form. The buffer logs it once, answers GETs with
@@ -30,6 +36,7 @@ Consumption records are written and flushed before their BATCH is sent (a killed
 them); under ``fsync=batch`` they reach the disk at the next tick (within a second), under
 ``always`` before the BATCH.
 
+The server is given its parts (:func:`buffer.assemble.build_buffer` makes them) and closes them all.
 Modes: a fresh buffer (the run directory must hold no segments), ``resume`` (memory rebuilt from the
 run directory's logs, :mod:`buffer.recovery`) and ``replay_from`` (offline replay: the log of another
 run is loaded, PUTs are refused, credits say stop, and a GET that cannot be served is an ERROR
@@ -49,25 +56,22 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, NamedTuple
+from typing import Callable, ClassVar, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import zmq
 
-from buffer.memory import prefault_heap
-from buffer.recovery import restore_store
-from buffer.security import CurveServer
-from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
-from buffer.store import DEDUP_WINDOW, MAX_FILTERED_GROUPS, BufferFull, GroupStore
+from buffer.endpoint import Endpoint
+from buffer.segments import ConsumptionLog, SegmentLog
+from buffer.store import GroupStore
 from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.metrics import Metrics
-from distrl.core.wire import Header, MsgType
+from distrl.core.wire import ErrorCode, Header, MsgType
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_MSG_BYTES = 256 * 2**20
 MAX_BATCH = 64  # requests handled between two polls (their non-PUT replies are sent together)
 SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
@@ -96,92 +100,37 @@ class _Request(NamedTuple):
 class Unsupported(ValueError):
     """A well-formed request of a type this server does not answer (ERROR code ``unsupported``)."""
 
+    code: ClassVar[ErrorCode] = ErrorCode.UNSUPPORTED
+
 
 class Exhausted(RuntimeError):
     """Replay: no batch can be made and none ever will (ERROR code ``exhausted``)."""
 
-
-ERROR_CODES = ((wire.VersionError, "version"), (wire.WireError, "malformed"), (Unsupported, "unsupported"),
-               (BufferFull, "full"), (Exhausted, "exhausted"), (NoProgress, "no_progress"),
-               ((ValueError, KeyError, TypeError), "invalid"))
-
-
-def bindable(address: str) -> str:
-    """``tcp://host:0`` -> ``tcp://host:*`` (zmq's spelling of "any free port")."""
-    return re.sub(r":0$", ":*", address)
-
-
-def int_field(header: Header, name: str, hi: int = 2**53) -> int:
-    """An integer field in [0, hi] of a request header. Raises ValueError naming the field otherwise."""
-    value = header.fields.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= hi:
-        raise ValueError(f"{header.type.value} needs an integer field {name!r} in [0, {hi}], got {value!r}")
-    return value
+    code: ClassVar[ErrorCode] = ErrorCode.EXHAUSTED
 
 
 class BufferServer:
-    """Replay buffer server bound to ``address`` (``.address`` holds the real endpoint).
+    """Replay buffer server: answers requests on ``endpoint`` around ``store`` (``.address``: the bound endpoint).
 
     Args:
-        address: zmq endpoint, e.g. ``tcp://127.0.0.1:5555``; port 0 or ``*`` picks a free port.
-        run_dir: run directory; ``segments/`` and ``consumed.jsonl`` are written there.
-        batch_size, max_staleness, topk, group_size: see :class:`GroupStore`.
-        tb_dir: TensorBoard directory (e.g. ``<run_dir>/tb/buffer0``); None writes no metrics.
-        topk_by, order, filter_zero_variance, replay_ratio, max_rows, max_bytes: see GroupStore.
-        fsync, segment_max_bytes, retention_bytes, retention_s: see :class:`SegmentLog`.
-        max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
-        dedup_window: sample ids remembered to drop re-sent PUTs (see :class:`GroupStore`).
-        max_filtered_groups: zero-variance groups in a row after which the buffer stops (module docstring).
-        prefault_bytes: heap written before serving, for received messages (:mod:`buffer.memory`; at
-            most ``max_bytes``); 0 leaves malloc as it is.
+        store: the groups, selection and credits (:class:`GroupStore`), already rebuilt on resume or replay.
+        endpoint: the bound ROUTER socket (:class:`buffer.endpoint.Endpoint`).
+        consumed: the consumption log; every selection is recorded there before its BATCH is sent.
+        segments: the segment log PUT groups are committed to before their ACK; None for an offline
+            replay buffer (PUTs refused, credits say stop, an unservable GET is ERROR ``exhausted``).
+        metrics: the TensorBoard writer (``Metrics(None)`` writes nothing).
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
-        resume: rebuild memory from ``run_dir``'s logs (:mod:`buffer.recovery`); ``resume_version``:
-            the version the learners resume from (their checkpoint), later selections are rolled back.
-        replay_from: offline replay of the log in this directory; ``restamp``: its staleness model.
-        curve_secret_key, curve_client_keys: CURVE (:mod:`buffer.security`); None for plain TCP.
-    Raises zmq.ZMQError if the address cannot be bound, FileExistsError if a fresh buffer's run
-    directory already holds segments, ValueError on bad options or a corrupt log; :meth:`serve` raises
-    NoProgress when the run cannot advance (see the module docstring).
+    :meth:`close` closes all of them. :meth:`serve` raises NoProgress when the run cannot advance (see
+    the module docstring). Build one with :func:`buffer.assemble.build_buffer`.
     """
 
-    def __init__(self, address: str, run_dir: str | os.PathLike, batch_size: int, max_staleness: int,
-                 topk: int, group_size: int, tb_dir: str | os.PathLike | None = None, *,
-                 topk_by: str = "reward", order: str = "fifo", filter_zero_variance: bool = False,
-                 replay_ratio: int = 1, max_rows: int | None = None, max_bytes: int | None = None,
-                 fsync: str = "batch", segment_max_bytes: int = 256 * 2**20, retention_bytes: int | None = None,
-                 retention_s: float | None = None, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES, prefault_bytes: int = 0,
-                 dedup_window: int = DEDUP_WINDOW, max_filtered_groups: int = MAX_FILTERED_GROUPS,
-                 poll_ms: int = 50,
-                 resume: bool = False, resume_version: int | None = None, replay_from: str | os.PathLike | None = None,
-                 restamp: bool = False,
-                 curve_secret_key: str | None = None, curve_client_keys: str | None = None) -> None:
-        if not resume and replay_from is None and segment_paths(run_dir):
-            raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
-                                  f"or give a new run directory")
-        self.store = GroupStore(batch_size, max_staleness, topk, group_size, topk_by, order, filter_zero_variance,
-                                replay_ratio, max_rows, max_bytes, restamp, dedup_window, max_filtered_groups)
-        self.replay = replay_from is not None
-        if not self.replay:  # before the ZeroMQ context starts its I/O thread
-            prefault_heap(prefault_bytes if max_bytes is None else min(prefault_bytes, max_bytes))
-        pa.array([0]).to_numpy()  # pyarrow imports pandas at its first to_numpy (0.2 s): not at the first PUT
-        self._ctx = zmq.Context()
-        self._curve = None if curve_secret_key is None else CurveServer(self._ctx, curve_secret_key, curve_client_keys)
-        self._sock = self._bind(address, max_msg_bytes)  # requests queue until serve() runs
-        self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        try:
-            if resume or self.replay:
-                source = replay_from if self.replay else run_dir
-                restored = restore_store(self.store, source, use_consumed=not self.replay,
-                                         until_version=None if self.replay else resume_version)
-                log.info("buffer %s %s: %s", "replaying" if self.replay else "resumed from", source, restored)
-            self.segments = None if self.replay else SegmentLog(
-                run_dir, fsync, segment_max_bytes, self.store.groups_put, retention_bytes, retention_s, group_size)
-            self.consumed = ConsumptionLog(run_dir, fsync)
-        except BaseException:
-            self._sock.close(linger=0)
-            self._close_context()
-            raise
-        self.poll_ms = poll_ms
+    def __init__(self, store: GroupStore, endpoint: Endpoint, consumed: ConsumptionLog,
+                 segments: SegmentLog | None, metrics: Metrics, poll_ms: int = 50) -> None:
+        self.store, self.endpoint, self.consumed, self.segments, self.metrics = (store, endpoint, consumed, segments,
+                                                                                 metrics)
+        self.replay, self.poll_ms = segments is None, poll_ms
+        self.address: str = endpoint.address
+        self._sock = endpoint.socket  # requests queue until serve() runs
         self._commit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-commit")
         # The commit thread's first Arrow allocation, made now: at the first segment rotation (the schema message
         # of the next segment) it raised the RSS by ~2 MB once, in Arrow's mimalloc arena (BENCHMARKS.md, Soak).
@@ -195,8 +144,7 @@ class BufferServer:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
-        self.metrics = Metrics(tb_dir)
-        self._handlers: dict[MsgType, Callable[[Header, bytes | None], list[bytes]]] = {
+        self._handlers: dict[MsgType, Callable[[Header], list[bytes]]] = {
             MsgType.GET: self._on_get, MsgType.CREDIT: self._on_credit,
             MsgType.STATS: self._on_stats, MsgType.STOP: self._on_stop, MsgType.SHUTDOWN: self._on_shutdown,
         }
@@ -209,23 +157,6 @@ class BufferServer:
         self._get_ms: list[float] = []
         self._waits: dict[str, tuple[float, int]] = {}  # kind of WAIT reason -> (last logged, GETs since)
         self._no_progress: tuple[NoProgress, float] | None = None  # the error and when it was first seen
-
-    def _bind(self, address: str, max_msg_bytes: int) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
-        if self._curve is not None:
-            self._curve.apply(sock)
-        try:
-            sock.bind(bindable(address))
-        except zmq.ZMQError as exc:
-            sock.close()
-            self._close_context()
-            raise zmq.ZMQError(exc.errno, f"buffer cannot bind {address}: {exc} (pick another port, or 0)") from None
-        host = address.split("://")[-1].rsplit(":", 1)[0]
-        if self._curve is None and host not in ("127.0.0.1", "localhost", "[::1]", "::1") and "ipc://" not in address:
-            log.warning("buffer bound to %s without CURVE: anyone who reaches it can PUT and GET", address)
-        return sock
 
     # ---- loop --------------------------------------------------------------------------------
 
@@ -356,18 +287,22 @@ class BufferServer:
     def _answer(self, request: _Request) -> list:
         """The reply frames (with the envelope) to a request other than PUT; bad fields get ERROR."""
         try:
-            return [*request.envelope, *self._handlers[request.header.type](request.header, None)]
+            return [*request.envelope, *self._handlers[request.header.type](request.header)]
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*request.envelope, *self._error(exc, request.envelope, request.header.seq)]
 
     def _error(self, exc: Exception, envelope: list[bytes], seq: int) -> list[bytes]:
+        """The ERROR reply to ``exc`` (its :func:`wire.error_code`); a wire version mismatch names both versions."""
         self.bad_requests += 1
-        code = next((c for types, c in ERROR_CODES if isinstance(exc, types)), "internal")
-        if code == "internal":
+        code = wire.error_code(exc)
+        if code is ErrorCode.INTERNAL:
             log.exception("buffer: internal error on a request from %r", envelope[0])
-        elif code != "full":
+        elif code is not ErrorCode.FULL:
             log.debug("bad request from %r: %s", envelope[0], exc)
-        return wire.error(f"{type(exc).__name__}: {exc}", SENDER, seq, code=code)
+        if isinstance(exc, wire.VersionError):
+            return wire.error(f"client speaks wire version {exc.theirs!r}, this buffer speaks {exc.ours}", SENDER,
+                              seq, code)
+        return wire.error(f"{type(exc).__name__}: {exc}", SENDER, seq, code)
 
     # ---- handlers ----------------------------------------------------------------------------
 
@@ -395,10 +330,9 @@ class BufferServer:
             fields.update(seq_nos=[seq for seq, _ in results], duplicates=len(results) - new)
         return wire.encode(MsgType.ACK, SENDER, put.header.seq, **fields)
 
-    def _on_get(self, header: Header, body: bytes | None) -> list[bytes]:
+    def _on_get(self, header: wire.Get) -> list[bytes]:
         t0 = time.perf_counter()
-        version = int_field(header, "learner_version", 2**40)
-        rank, world_size = int_field(header, "rank", 4095), int_field(header, "world_size", 4096)
+        version, rank, world_size = header.learner_version, header.rank, header.world_size
         stalled = self._stalled()
         if stalled is not None:
             raise NoProgress(str(stalled))  # a new one each time: a re-raised exception keeps its traceback
@@ -423,8 +357,8 @@ class BufferServer:
         self._get_ms.append((time.perf_counter() - t0) * 1e3)
         return reply
 
-    def _on_credit(self, header: Header, body: bytes | None) -> list[bytes]:
-        want = int_field(header, "want", 2**31)
+    def _on_credit(self, header: wire.Credit) -> list[bytes]:
+        want = header.want
         unused = self._owed.pop(header.sender, 0)
         if unused:  # a client asks again only after PUTting its grant: it restarted, or our reply was lost
             self.store.refund_credits(unused)
@@ -440,17 +374,19 @@ class BufferServer:
             fields["reason"] = str(stalled)
         elif self.store.full:
             fields["reason"] = "buffer full: no credits until the learners consume"
-        return wire.encode(MsgType.CREDIT, SENDER, header.seq, **fields)
+        if header.actor_id is not wire.UNSET:
+            fields["acked_groups"] = self.store.acked_groups(header.actor_id)
+        return wire.encode(MsgType.GRANT, SENDER, header.seq, **fields)
 
-    def _on_stop(self, header: Header, body: bytes | None) -> list[bytes]:
+    def _on_stop(self, header: Header) -> list[bytes]:
         self._stopping = True
         log.info("training is over (STOP from %s): credits now answer stop", header.sender)
         return wire.encode(MsgType.ACK, SENDER, header.seq)
 
-    def _on_stats(self, header: Header, body: bytes | None) -> list[bytes]:
-        return wire.encode(MsgType.STATS, SENDER, header.seq, **self.stats())
+    def _on_stats(self, header: Header) -> list[bytes]:
+        return wire.encode(MsgType.STATS, SENDER, header.seq, counters=self.stats())
 
-    def _on_shutdown(self, header: Header, body: bytes | None) -> list[bytes]:
+    def _on_shutdown(self, header: Header) -> list[bytes]:
         self._running = False
         self._shutdown_requested = True
         return wire.encode(MsgType.ACK, SENDER, header.seq)
@@ -518,18 +454,13 @@ class BufferServer:
 
     # ---- lifetime ----------------------------------------------------------------------------
 
-    def _close_context(self) -> None:
-        if self._curve is not None:
-            self._curve.stop()
-        self._ctx.term()
-
     def close(self) -> None:
-        """Close the socket (linger 0; 500 ms after a SHUTDOWN so its ACK leaves), logs and metrics."""
+        """Close the endpoint (linger 0; 500 ms after a SHUTDOWN so its ACK leaves), logs and metrics
+        (idempotent). Re-raises a disk error of the segment log once the rest is closed."""
         if self._closed:
             return
         self._closed = True
-        self._sock.close(linger=500 if self._shutdown_requested else 0)
-        self._close_context()
+        self.endpoint.close(linger_ms=500 if self._shutdown_requested else 0)
         self._commit_pool.shutdown()  # waits for a commit or retention in flight
         try:
             if self.segments is not None:

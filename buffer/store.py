@@ -30,8 +30,9 @@ it is eligible until then, and the rows handed out carry that version as ``polic
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +40,7 @@ import pyarrow as pa
 from buffer.held import Parsed, RecentIds, Slots, as_batch, cut, parse_groups, rows_of
 from buffer.selection import first_k, order_keys
 from distrl.core.errors import NoProgress
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.wire import COMPLETION_SCHEMA, ErrorCode
 
 EVICTION_REASONS = ("stale", "zero_variance")
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
@@ -51,6 +52,8 @@ Persist = Callable[[pa.RecordBatch, int], None]  # (new groups, seq of the first
 
 class BufferFull(RuntimeError):
     """A PUT that would exceed ``max_rows`` or ``max_bytes``: refused, nothing stored (retry later)."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.FULL  # the ERROR code the server answers it with
 
 
 @dataclass
@@ -115,6 +118,7 @@ class GroupStore:
         self.max_filtered_groups = max_filtered_groups
         self.filtered_in_a_row = 0  # zero-variance evictions since the last group that passed the filter
         self.last_staleness: list[int] = []
+        self._acked: Counter[int] = Counter()  # actor id -> groups of it accepted (or restored from the log)
         self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
 
     # ---- PUT ---------------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class GroupStore:
         if new < m:  # keep the new groups only
             index = np.array([i for i, r in enumerate(results) if r is None], np.intp)
             g = g._replace(versions=g.versions[index], keep=g.keep[index], variance=g.variance[index],
+                           actors=g.actors[index],
                            sample_ids=[s for i in index.tolist() for s in g.sample_ids[i * n:(i + 1) * n]])
             offset = index * n
         filtered = g.variance == 0.0 if self.filter_zero_variance else None
@@ -232,6 +237,7 @@ class GroupStore:
         seqs = np.arange(first, seq)
         if len(seqs):  # an empty update would still turn a full generation of RecentIds over
             self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
+            self._acked.update(g.actors.tolist())
         self._admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
         return seqs
 
@@ -266,6 +272,7 @@ class GroupStore:
         self._seen.update(dict.fromkeys(g.sample_ids, seq))
         self._next_seq = max(self._next_seq, seq + 1)
         self.credits_granted += 1
+        self._acked.update(g.actors.tolist())
         if uses >= self.replay_ratio:
             return
         size = batch.get_total_buffer_size()
@@ -274,6 +281,11 @@ class GroupStore:
             self._check_room(batch.num_rows, size)
         self._admit([batch], np.zeros(1, np.int64), g.keep, np.array([size]), np.array([seq]), g.versions,
                     g.variance, uses, filtered)
+
+    def acked_groups(self, actor_id: int) -> int:
+        """Groups of ``actor_id`` accepted so far, those restored from the log included (duplicates not
+        counted): where that actor, restarted, resumes its prompt stream."""
+        return self._acked[actor_id]
 
     def _fits(self, rows: int, nbytes: int) -> bool:
         return ((self.max_rows is None or self.rows + rows <= self.max_rows)

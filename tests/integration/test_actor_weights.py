@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from buffer.server import BufferServer
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.weights import Announcement, DirectoryTransport, WeightPublisher
 from rollout.actor import ActorEndpoints, RolloutActor
+from tests.helpers import new_buffer
 
 
 def save_adapter(base: Path, seed: int):
@@ -34,8 +34,7 @@ def save_adapter(base: Path, seed: int):
 @pytest.fixture
 def stack(tmp_path):
     base = build_tiny_model(tmp_path / "tiny")
-    server = BufferServer("tcp://127.0.0.1:0", tmp_path / "run", batch_size=2, max_staleness=8, topk=2,
-                          group_size=2)
+    server = new_buffer(tmp_path / "run", batch_size=2, max_staleness=8, topk=2, group_size=2)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()

@@ -23,8 +23,7 @@ import pytest
 import torch
 
 from buffer.client import BufferClient
-from buffer.server import BufferServer
-from tests.helpers import make_group
+from tests.helpers import make_group, new_buffer
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, BATCH = 3, 4
@@ -33,7 +32,7 @@ STEPS, BATCH = 3, 4
 @contextlib.contextmanager
 def buffer_with_groups(run_dir: Path):
     """A real BufferServer (thread) holding STEPS * BATCH groups of policy version 0."""
-    server = BufferServer("tcp://127.0.0.1:0", run_dir, batch_size=BATCH, max_staleness=STEPS, topk=4, group_size=4)
+    server = new_buffer(run_dir, batch_size=BATCH, max_staleness=STEPS, topk=4)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()

@@ -11,11 +11,10 @@ import zmq.auth
 
 from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted
 from buffer.segments import read_consumed, read_segments
-from buffer.server import BufferServer
 from distrl.core import wire
 from distrl.core.wire import MsgType
 from tests.helpers import make_group
-from tests.unit.test_buffer_server import ADDRESS, client, raw_request, serving
+from tests.unit.test_buffer_server import client, new_server, raw_request, serving
 
 
 def test_error_codes_name_what_went_wrong(tmp_path):
@@ -89,7 +88,7 @@ def test_resume_serves_unconsumed_groups_drops_resent_duplicates_and_repeats_the
         assert set(second.column("group_id").to_pylist()) == {"g2", "g3"}  # consumed ones are not served again
     assert [r["learner_version"] for r in read_consumed(tmp_path)] == [0, 1]
     with pytest.raises(FileExistsError, match="--resume"):
-        BufferServer(ADDRESS, tmp_path, batch_size=2, max_staleness=1, topk=4, group_size=4)
+        new_server(tmp_path, batch_size=2, topk=4)
 
 
 def test_resume_with_replay_ratio_serves_consumed_groups_again(tmp_path):

@@ -14,20 +14,19 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from buffer import segments
 from buffer.client import BufferClient, BufferStalled
 from buffer.segments import read_consumed, read_segments, segment_paths
-from buffer.server import BufferServer
 from distrl.core import wire
 from distrl.core.errors import NoProgress
-from distrl.core.wire import Header, MsgType
-from tests.helpers import make_group
+from distrl.core.wire import ErrorCode, Header, MsgType
+from tests.helpers import make_group, new_buffer
 
 ADDRESS = "tcp://127.0.0.1:0"
+new_server = new_buffer
 
 
 @contextlib.contextmanager
 def serving(run_dir, **kw):
     """A BufferServer on a free port, served by a thread; stopped, joined and closed on exit."""
-    args = dict(batch_size=2, max_staleness=1, topk=2, group_size=4) | kw
-    server = BufferServer(ADDRESS, run_dir, **args)
+    server = new_server(run_dir, **kw)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()
@@ -87,7 +86,7 @@ def test_segment_log_holds_exactly_the_acked_groups(tmp_path):
 
 
 def test_shutdown_ends_serve(tmp_path):
-    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
+    server = new_server(tmp_path, batch_size=1, max_staleness=0, topk=1)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     with client(server) as c:
@@ -105,7 +104,7 @@ def raw_request(sock: zmq.Socket, frames: list[bytes]) -> Header:
 
 
 def malformed_messages() -> dict[str, list[bytes]]:
-    put = Header(MsgType.PUT, "raw", 1).encode()
+    put = wire.encode(MsgType.PUT, "raw", 1)[0]
     body = wire.encode_table(make_group("m"))
     other = pa.table({"sample_id": ["a"]})
     sink = pa.BufferOutputStream()
@@ -119,10 +118,11 @@ def malformed_messages() -> dict[str, list[bytes]]:
         "wrong schema": [put, sink.getvalue().to_pybytes()],
         "3 frames": [put, body, body],
         "PUT without body": [put],
-        "GET without fields": wire.encode(MsgType.GET, "raw", 2),
+        "GET without fields": [json.dumps({"type": "GET", "schema": wire.SCHEMA_VERSION, "seq": 2}).encode()],
         "CREDIT with a text want": wire.encode(MsgType.CREDIT, "raw", 3, want="many"),
         "message for another role": wire.encode(MsgType.LATEST, "raw", 4),
-        "reply type as a request": wire.encode(MsgType.BATCH, "raw", 5),
+        "reply type as a request": wire.encode(MsgType.BATCH, "raw", 5, learner_version=0, rank=0, world_size=1,
+                                               rows=0),
     }
 
 
@@ -136,7 +136,7 @@ def test_malformed_requests_get_errors_and_server_keeps_serving(tmp_path):
                 header = raw_request(raw, frames)
                 assert header.type is MsgType.ERROR, name
                 assert header.fields["error"], name
-                assert header.fields["code"] in ("malformed", "unsupported", "invalid"), name
+                assert header.code in (ErrorCode.MALFORMED, ErrorCode.UNSUPPORTED, ErrorCode.INVALID), name
                 assert good.put(make_group(f"after {name}")) >= 0
         finally:
             raw.close(linger=0)
@@ -151,7 +151,7 @@ def test_req_peers_are_answered(tmp_path):
         req.connect(server.address)
         try:
             header = raw_request(req, wire.encode(MsgType.CREDIT, "req", 9, want=1))
-            assert header.type is MsgType.CREDIT and header.fields["granted"] == 1 and header.seq == 9
+            assert header.type is MsgType.GRANT and header.granted == 1 and header.seq == 9
         finally:
             req.close(linger=0)
             ctx.term()
@@ -191,7 +191,7 @@ def buffer_after_a_silent_one(tmp_path, request_sent):
     assert silent.poll(5000)  # the first request reached a server that will never answer it
     silent.close(linger=0)
     ctx.term()
-    server = BufferServer(address, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4)
+    server = new_server(tmp_path, address, batch_size=1, max_staleness=0, topk=1)
     stop = threading.Event()
     serve = threading.Thread(target=server.serve, args=(stop,))
     serve.start()
@@ -248,8 +248,8 @@ def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, 
 
 def test_no_progress_refuses_gets_stops_credits_then_ends_serve(tmp_path, monkeypatch):
     monkeypatch.setattr("buffer.server.NO_PROGRESS_GRACE_S", 0.5)
-    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=0, topk=1, group_size=4,
-                          filter_zero_variance=True, max_filtered_groups=2)
+    server = new_server(tmp_path, batch_size=1, max_staleness=0, topk=1, filter_zero_variance=True,
+                        max_filtered_groups=2)
     failed = []
     serve = threading.Thread(target=lambda: failed.append(pytest.raises(NoProgress, server.serve)))
     serve.start()
@@ -344,7 +344,7 @@ def test_retention_runs_in_the_commit_thread_and_deletes_consumed_segments(tmp_p
 def test_requests_queued_at_one_poll_are_answered_in_order_each_put_on_its_own(tmp_path):
     """PUTs queued together are admitted together (GroupStore.put_messages), yet each gets its own
     answer; a request between them sees the PUTs before it and not those after it."""
-    server = BufferServer(ADDRESS, tmp_path, batch_size=2, max_staleness=1, topk=2, group_size=4)
+    server = new_server(tmp_path)
     requests = [
         wire.encode(MsgType.PUT, "actor", 1, body=make_group("a")),
         wire.encode(MsgType.PUT, "actor", 2,
@@ -378,7 +378,7 @@ def test_requests_queued_at_one_poll_are_answered_in_order_each_put_on_its_own(t
                                                        MsgType.ACK, MsgType.ACK]
     assert replies[1].fields["seq_no"] == 0 and replies[2].fields["seq_nos"] == [1, 2]
     assert replies[3].fields["code"] == "invalid" and "NaN" in replies[3].fields["error"]
-    assert (replies[4].fields["groups_put"], replies[4].fields["bad_requests"]) == (3, 1)
+    assert (replies[4].counters["groups_put"], replies[4].counters["bad_requests"]) == (3, 1)
     assert (replies[5].fields["seq_no"], replies[5].fields["duplicate"]) == (0, True)
     assert (replies[6].fields["seq_no"], replies[6].fields["duplicate"]) == (3, False)
     assert read_segments(tmp_path).column("group_id").to_pylist() == [g for g in "abcd" for _ in range(4)]
@@ -397,7 +397,7 @@ def test_a_failed_commit_ends_the_server_whatever_request_follows(tmp_path, monk
         fail.wait(10)
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(segments, "_sync", disk_full_once)
-    server = BufferServer(ADDRESS, tmp_path, batch_size=1, max_staleness=1, topk=4, group_size=4, fsync="batch")
+    server = new_server(tmp_path, batch_size=1, topk=4, fsync="batch")
     with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as actor:
         try:
             actor.connect(server.address)

@@ -14,7 +14,7 @@ from distrl.cmd.config import TrainConfig
 from rollout.actor import samples_markdown
 from rollout.rewards import UserReward, apply_truncation
 from rollout.tasks import ArithTask, Problem
-from tests.helpers import make_group, shared_data
+from tests.helpers import make_group, new_buffer, shared_data
 
 REWARDS = Path(__file__).with_name("user_rewards.py")
 PROBLEM = Problem("arith:2+3=", "2+3=", "5", {"a": 2, "b": 3, "op": "+"})
@@ -281,12 +281,11 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from buffer.client import BufferClient
-    from buffer.server import BufferServer
     from distrl.weights import DirectoryTransport, WeightPublisher
     from learn.learner import Learner
 
     run_dir = tmp_path / "run"
-    server = BufferServer("tcp://127.0.0.1:0", run_dir, batch_size=2, max_staleness=1, topk=4, group_size=4)
+    server = new_buffer(run_dir, batch_size=2, max_staleness=1, topk=4)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()

@@ -7,13 +7,14 @@ import pyarrow as pa
 import pytest
 
 from distrl.core import wire
-from distrl.core.wire import COMPLETION_SCHEMA, Header, MsgType, WireError
+from distrl.core.wire import COMPLETION_SCHEMA, ErrorCode, FieldError, Header, MsgType, WireError
 from tests.helpers import make_group
 
 
 def roundtrip(table: pa.Table) -> pa.Table:
-    header, body = wire.decode(wire.encode(MsgType.PUT, "actor0", 7, body=table, extra=1))
-    assert (header.type, header.sender, header.seq, header.fields) == (MsgType.PUT, "actor0", 7, {"extra": 1})
+    header, body = wire.decode(wire.encode(MsgType.PUT, "actor0", 7, body=table))
+    assert (header.type, header.sender, header.seq, header.fields) == (MsgType.PUT, "actor0", 7, {})
+    assert isinstance(header, wire.Put)
     return body
 
 
@@ -47,7 +48,7 @@ def test_wrong_schema_refused():
     with pa.ipc.new_stream(sink, other.schema) as writer:
         writer.write_table(other)
     with pytest.raises(WireError, match="schema"):
-        wire.decode([Header(MsgType.PUT).encode(), sink.getvalue().to_pybytes()])
+        wire.decode([wire.encode(MsgType.PUT)[0], sink.getvalue().to_pybytes()])
 
 
 @pytest.mark.parametrize("cut", [1, 10, 100, -200, -1])
@@ -94,21 +95,78 @@ def test_bad_headers_refused(frame):
 
 @pytest.mark.parametrize("n_frames", [0, 3])
 def test_wrong_frame_count_refused(n_frames):
-    frames = [Header(MsgType.STATS).encode()] * n_frames
+    frames = wire.encode(MsgType.STATS) * n_frames
     with pytest.raises(WireError, match="frames"):
         wire.decode(frames)
 
 
 def test_error_reply():
     header, _ = wire.decode(wire.error("boom", "buffer", 4))
-    assert header.type is MsgType.ERROR and header.fields == {"error": "boom", "code": "invalid"} and header.seq == 4
+    assert header.type is MsgType.ERROR and header.fields == {"error": "boom", "code": ErrorCode.INVALID}
+    assert header.seq == 4 and header.code == "invalid"  # a str enum: equal to its value
     header, _ = wire.decode(wire.error("full", code="full"))
-    assert header.fields["code"] == "full" and "full" in wire.ERROR_CODES
+    assert header.code is ErrorCode.FULL
+    with pytest.raises(ValueError):
+        wire.error("x", code="no such code")
+    with pytest.raises(FieldError):
+        Header.decode(json.dumps({"type": "ERROR", "schema": wire.SCHEMA_VERSION, "error": "x",
+                                  "code": "made-up"}).encode())
 
 
-def test_another_schema_version_is_a_version_error():
-    with pytest.raises(wire.VersionError, match="schema version 2"):
-        Header.decode(json.dumps({"type": "PUT", "schema": 2}).encode())
+def test_another_schema_version_is_a_version_error_naming_both():
+    theirs = wire.SCHEMA_VERSION + 1
+    with pytest.raises(wire.VersionError, match=f"peer speaks wire version {theirs}, this side speaks "
+                                                f"{wire.SCHEMA_VERSION}") as info:
+        Header.decode(json.dumps({"type": "PUT", "schema": theirs}).encode())
+    assert (info.value.theirs, info.value.ours, info.value.code) == (theirs, wire.SCHEMA_VERSION, ErrorCode.VERSION)
+    # checked before the fields: a peer whose messages changed shape still hears about the version
+    with pytest.raises(wire.VersionError):
+        Header.decode(json.dumps({"type": "GET", "schema": theirs, "learner_version": "new"}).encode())
+
+
+def test_every_type_has_one_struct_and_fields_round_trip():
+    assert set(wire.MESSAGES) == set(MsgType)
+    frames = wire.encode(MsgType.GRANT, "buffer", 3, granted=2, learner_version=5, min_policy_version=4,
+                         acked_groups=7)
+    header, _ = wire.decode(frames)
+    assert isinstance(header, wire.Grant) and (header.granted, header.acked_groups, header.stop) == (2, 7, False)
+    assert header.fields == {"granted": 2, "learner_version": 5, "min_policy_version": 4, "stop": False,
+                             "full": False, "acked_groups": 7}  # reason is unset: absent
+    assert b"reason" not in frames[0]
+    with pytest.raises(TypeError, match="frob"):
+        wire.encode(MsgType.GET, frob=1)
+
+
+@pytest.mark.parametrize("fields, where", [
+    ({"learner_version": -1, "rank": 0, "world_size": 1}, "learner_version"),
+    ({"learner_version": 0, "rank": 0, "world_size": 10**9}, "world_size"),
+    ({"learner_version": 0, "rank": "0", "world_size": 1}, "rank"),
+    ({"learner_version": True, "rank": 0, "world_size": 1}, "learner_version"),
+    ({"learner_version": 2**70, "rank": 0, "world_size": 1}, "learner_version"),
+    ({"rank": 0, "world_size": 1}, "learner_version"),
+])
+def test_fields_are_checked_by_the_struct(fields, where):
+    frame = json.dumps({"type": "GET", "schema": wire.SCHEMA_VERSION, **fields}).encode()
+    with pytest.raises(FieldError, match=where) as info:
+        Header.decode(frame)
+    assert wire.error_code(info.value) is ErrorCode.INVALID
+
+
+def test_optional_fields_refuse_null():
+    frame = json.dumps({"type": "FETCH", "schema": wire.SCHEMA_VERSION, "version": 1, "file": None}).encode()
+    with pytest.raises(FieldError, match="file"):
+        Header.decode(frame)
+    header = Header.decode(json.dumps({"type": "FETCH", "schema": wire.SCHEMA_VERSION, "version": 1}).encode())
+    assert header.fields == {"version": 1} and "file" not in header.fields
+
+
+def test_error_codes_of_exceptions():
+    from distrl.core.errors import NoProgress
+
+    cases = [(WireError("x"), "malformed"), (wire.VersionError(3), "version"), (FieldError("x"), "invalid"),
+             (NoProgress("x"), "no_progress"), (ValueError("x"), "invalid"), (KeyError("x"), "invalid"),
+             (RuntimeError("x"), "internal")]
+    assert [wire.error_code(exc).value for exc, _ in cases] == [code for _, code in cases]
 
 
 def test_decode_group_returns_the_batch_and_its_raw_message():
