@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted
+from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted, WireVersionMismatch
 from buffer.segments import read_consumed, read_segments
 from distrl.core import wire
 from distrl.core.wire import MsgType
@@ -165,3 +165,62 @@ def test_put_is_acknowledged_only_after_its_fsync_and_other_requests_do_not_wait
         disk.set()
         thread.join(timeout=10)
         assert done == {"seq": 0}
+
+
+def test_a_wire_version_mismatch_is_refused_naming_both_versions(tmp_path):
+    """A peer of another SCHEMA_VERSION, over real sockets: the buffer answers ERROR ``version`` naming both
+    versions and keeps serving; a client whose buffer speaks another version raises WireVersionMismatch."""
+    theirs = wire.SCHEMA_VERSION + 1
+    with serving(tmp_path) as server:
+        ctx = zmq.Context()
+        raw = ctx.socket(zmq.DEALER)
+        raw.connect(server.address)
+        try:  # a newer client's GET, whatever its fields look like
+            frames = [json.dumps({"type": "GET", "schema": theirs, "sender": "new", "seq": 3,
+                                  "learner_version": {"v": 0}}).encode()]
+            header = raw_request(raw, frames)
+        finally:
+            raw.close(linger=0)
+            ctx.term()
+        assert (header.type, header.code, header.seq) == (MsgType.ERROR, wire.ErrorCode.VERSION, 0)
+        assert header.error == f"client speaks wire version {theirs}, this buffer speaks {wire.SCHEMA_VERSION}"
+        with client(server) as c:
+            assert c.put(make_group("after")) == 0 and c.stats()["bad_requests"] == 1
+
+    ctx = zmq.Context()
+    old = ctx.socket(zmq.ROUTER)  # a buffer of another wire version: answers every request in its own
+    old.bind("tcp://127.0.0.1:*")
+    address = old.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def answer():
+        identity, request = old.recv_multipart()
+        reply = {"type": "ERROR", "schema": theirs, "sender": "buffer", "seq": json.loads(request)["seq"],
+                 "error": "client speaks wire version 2, this buffer speaks 3", "code": "version"}
+        old.send_multipart([identity, json.dumps(reply).encode()])
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with BufferClient(address, "actor0", timeout_s=5.0, retries=0) as c, \
+                pytest.raises(WireVersionMismatch, match=f"buffer at {address} speaks wire version {theirs}, this "
+                                                         f"client speaks {wire.SCHEMA_VERSION}") as info:
+            c.credits(1)
+        assert info.value.code == "version" and c.resends == 0
+    finally:
+        thread.join(timeout=5)
+        old.close(linger=0)
+        ctx.term()
+
+
+def test_acked_groups_per_actor_survive_a_resume(tmp_path):
+    """A CREDIT naming an actor id is answered with that actor's accepted groups (duplicates not counted),
+    also after the buffer restarts from its segment log: where a restarted actor resumes its prompts."""
+    with serving(tmp_path, batch_size=2, topk=4) as server, client(server) as c:
+        c.put_many([make_group("a0", actor_id=0), make_group("a1", actor_id=0), make_group("b0", actor_id=1)])
+        c.put(make_group("a0", actor_id=0))  # a re-sent PUT
+        assert [c.acked_groups(i) for i in range(3)] == [2, 1, 0]
+        assert c.credits(1)["granted"] == 1  # asking acked_groups took no credit
+        c.get(0)
+    with serving(tmp_path, batch_size=2, topk=4, resume=True) as server, client(server) as c:
+        assert [c.acked_groups(i) for i in range(3)] == [2, 1, 0]
+        c.put(make_group("b1", actor_id=1))
+        assert c.acked_groups(1) == 2
