@@ -34,15 +34,16 @@ import logging
 import shutil
 import time
 from array import array
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Optional
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from distrl.core.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
+from learn.batch import MicroBatch, collate, list_lengths, pack
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
@@ -52,7 +53,7 @@ from learn.model import body_and_head, export_final, frozen_reference, load_poli
 from learn.optim import build_optimizer
 from learn.tensor_metrics import to_floats
 
-__all__ = ["Learner", "MicroBatch", "collate", "init_distributed_from_env", "loss_config", "pack"]
+__all__ = ["Learner", "init_distributed_from_env", "loss_config"]
 log = logging.getLogger("distrl.learner")
 
 
@@ -78,115 +79,6 @@ class History:
     @property
     def nbytes(self) -> int:
         return sum(s.itemsize * len(s) for s in self.series.values())
-
-
-@dataclass
-class MicroBatch:
-    """Right-padded tensors of b completions; position t predicts token t+1 of prompt+completion.
-
-    input_ids, attention_mask, targets, mask, behavior_logprobs: (b, L-1); advantages: (b,).
-    Packed (:func:`pack`): the model instead runs on ``packed_ids`` and ``packed_positions`` (R, P):
-    the b sequences laid end to end in R rows of at most ``--learner_pack_tokens`` tokens, positions
-    restarting at 0 at each sequence, so attention stays inside each sequence; ``packed_index`` (n,)
-    gives, for each completion position ``mask > 0`` of the padded layout (row-major), its flat index
-    into the (R * P) packed positions. The loss still reads the padded (b, L-1) tensors.
-    ``completion_index`` (n,): the flat (row-major) indices of the positions ``mask > 0``, computed from
-    ``mask`` when the micro-batch is made (on the host), so that selecting them on the device needs no
-    sync (a boolean mask index would wait for the GPU to learn n).
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    targets: torch.Tensor
-    mask: torch.Tensor
-    behavior_logprobs: torch.Tensor
-    advantages: torch.Tensor
-    packed_ids: Optional[torch.Tensor] = None
-    packed_positions: Optional[torch.Tensor] = None
-    packed_index: Optional[torch.Tensor] = None
-    completion_index: Optional[torch.Tensor] = None
-
-    def __post_init__(self) -> None:
-        if self.completion_index is None:
-            self.completion_index = (self.mask.reshape(-1) > 0).nonzero().reshape(-1)
-
-    def to(self, device: torch.device) -> "MicroBatch":
-        """The same micro-batch on ``device`` (the model's); to a GPU through pinned memory without
-        waiting (the copy is queued behind the work already launched)."""
-        cuda = torch.device(device).type == "cuda"
-
-        def move(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            if t is None:
-                return None
-            return t.pin_memory().to(device, non_blocking=True) if cuda and t.device.type == "cpu" else t.to(device)
-
-        return MicroBatch(*(move(getattr(self, f.name)) for f in fields(self)))
-
-
-def collate(rows: list[dict], pad_id: int, advantages: Optional[list[float]] = None) -> MicroBatch:
-    """Build a MicroBatch from completion rows (dicts of distrl.core.wire.COMPLETION_SCHEMA).
-
-    ``advantages`` (one per row) replaces the rows' own ``advantage`` (a learner-state baseline).
-    """
-    seqs = [r["prompt_ids"] + r["completion_ids"] for r in rows]
-    width = max(len(s) for s in seqs) - 1
-    b = len(rows)
-    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((b, width), dtype=torch.long)
-    targets = torch.full((b, width), -100, dtype=torch.long)
-    mask = torch.zeros((b, width))
-    behavior = torch.zeros((b, width))
-    for i, (row, seq) in enumerate(zip(rows, seqs)):
-        n, p, c = len(seq) - 1, len(row["prompt_ids"]), len(row["completion_ids"])
-        input_ids[i, :n] = torch.tensor(seq[:-1])
-        attention[i, :n] = 1
-        targets[i, :n] = torch.tensor(seq[1:])
-        mask[i, p - 1:p - 1 + c] = 1.0  # completion token j is predicted at position p - 1 + j
-        behavior[i, p - 1:p - 1 + c] = torch.tensor(row["behavior_logprobs"])
-    adv = [r["advantage"] for r in rows] if advantages is None else advantages
-    return MicroBatch(input_ids, attention, targets, mask, behavior, torch.tensor(adv, dtype=torch.float32))
-
-
-def pack(mb: MicroBatch, pad_id: int, pack_tokens: int) -> MicroBatch:
-    """``mb`` with its sequences packed into rows of at most ``pack_tokens`` tokens (no padding waste).
-
-    First-fit decreasing: each sequence (its ``attention_mask`` length) goes into the first row with
-    room, longest first; one longer than ``pack_tokens`` gets a row of its own. Rows are right-padded
-    to the fullest row's length; the padding is a segment of its own (positions from 0) that no
-    completion position reads. transformers (>= 5) turns position ids that restart at 0 into a
-    block-diagonal causal mask when no attention mask is given (``masking_utils``,
-    ``find_packed_sequence_indices``), for the sdpa and eager attention of Qwen2/Llama-like models.
-    Raises ValueError for ``pack_tokens < 1``.
-    """
-    if pack_tokens < 1:
-        raise ValueError(f"--learner_pack_tokens must be >= 1 to pack, got {pack_tokens}")
-    lengths = mb.attention_mask.sum(1).tolist()  # (b,) tokens of each sequence
-    rows: list[list[int]] = []  # sequence indices per row
-    fill: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        j = next((j for j, f in enumerate(fill) if f + lengths[i] <= pack_tokens), None)
-        if j is None:
-            rows.append([])
-            fill.append(0)
-            j = len(rows) - 1
-        rows[j].append(i)
-        fill[j] += lengths[i]
-    width = max(fill)
-    packed_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    positions = torch.zeros((len(rows), width), dtype=torch.long)
-    start = torch.zeros(len(lengths), dtype=torch.long)  # flat packed index of each sequence's token 0
-    for r, seqs in enumerate(rows):
-        offset = 0
-        for i in seqs:
-            n = lengths[i]
-            packed_ids[r, offset:offset + n] = mb.input_ids[i, :n]
-            positions[r, offset:offset + n] = torch.arange(n)
-            start[i] = r * width + offset
-            offset += n
-        positions[r, offset:] = torch.arange(width - offset)  # padding: its own segment
-    seq, pos = mb.completion_index // mb.mask.shape[1], mb.completion_index % mb.mask.shape[1]  # row-major
-    return MicroBatch(mb.input_ids, mb.attention_mask, mb.targets, mb.mask, mb.behavior_logprobs, mb.advantages,
-                      packed_ids, positions, start[seq] + pos, mb.completion_index)
 
 
 def loss_config(cfg: LearnOptions) -> LossConfig:
@@ -306,37 +198,41 @@ class Learner:
 
     # ---- one version -------------------------------------------------------------------------
 
-    def prepare(self, rows: list[dict]) -> tuple[Normalizer, list[float], dict]:
-        """All-reduced batch totals -> (normalizer, this rank's advantages, totals)."""
-        loss = [self.in_loss(r) for r in rows]  # --truncation mask: truncated completions get no loss
-        tokens = sum(len(r["completion_ids"]) for r, k in zip(rows, loss) if k)
-        reward_sum = sum(r["reward"] for r in rows)
-        nonzero = sum(r["advantage"] != 0.0 for r, k in zip(rows, loss) if k)
-        n_tok, n_seq, r_sum, n_nonzero, n_rows = all_reduce_sum([tokens, sum(loss), reward_sum, nonzero, len(rows)],
-                                                                self.world_size)
+    def prepare(self, table: pa.Table) -> tuple[Normalizer, np.ndarray, dict]:
+        """All-reduced batch totals -> (normalizer, this rank's advantages (b,) float64, totals)."""
+        loss = self.in_loss(table)  # --truncation mask: truncated completions get no loss
+        advantages = table.column("advantage").to_numpy().astype(np.float64)
+        rewards = table.column("reward").to_numpy().astype(np.float64).tolist()
+        tokens = int(list_lengths(table, "completion_ids")[loss].sum())
+        nonzero = int(np.count_nonzero(advantages[loss]))
+        # Python's sum, in row order: the same float as summing the rows one by one
+        n_tok, n_seq, r_sum, n_nonzero, n_rows = all_reduce_sum([tokens, int(loss.sum()), sum(rewards), nonzero,
+                                                                 table.num_rows], self.world_size)
         totals = {"tokens": n_tok, "sequences": n_seq, "reward_mean": r_sum / max(n_rows, 1.0)}
-        advantages = [r["advantage"] for r in rows]
-        if self.baseline is not None:
-            advantages = self.baseline.advantages([r["reward"] for r in rows], totals["reward_mean"])
-            n_nonzero = all_reduce_sum([sum(a != 0.0 for a, k in zip(advantages, loss) if k)], self.world_size)[0]
+        if self.baseline is not None:  # the learner's own advantages replace the actors' (learn.baseline)
+            advantages = np.array(self.baseline.advantages(rewards, totals["reward_mean"]), dtype=np.float64)
+            n_nonzero = all_reduce_sum([int(np.count_nonzero(advantages[loss]))], self.world_size)[0]
         totals["signal"] = n_nonzero > 0 or (self.loss_cfg.kl_coef > 0 and n_seq > 0)
         norm_tokens = float(self.cfg.loss_norm_tokens or self.cfg.max_new_tokens)
         norm = Normalizer(self.cfg.aggregation, n_tok, n_seq, norm_tokens)
         return norm, advantages, totals
 
-    def in_loss(self, row: dict) -> bool:
-        """Whether a completion row gets a loss: with ``--truncation mask`` (DAPO's overlong filtering)
-        those cut at the length limit (finish_reason ``length``) do not; their tokens count nowhere."""
-        return self.cfg.truncation != "mask" or row["finish_reason"] != "length"
+    def in_loss(self, table: pa.Table) -> np.ndarray:
+        """(b,) bool: which completion rows get a loss: with ``--truncation mask`` (DAPO's overlong
+        filtering) those cut at the length limit (finish_reason ``length``) do not; their tokens count nowhere."""
+        if self.cfg.truncation != "mask":
+            return np.ones(table.num_rows, dtype=bool)
+        return pc.not_equal(table.column("finish_reason"), "length").to_numpy()
 
-    def accumulate(self, rows: list[dict], advantages: list[float], norm: Normalizer) -> list[dict]:
-        """Forward/backward over micro-batches of ``learner_chunk_size``; gradients accumulate in .grad.
-        Rows that get no loss (:meth:`in_loss`) are left out."""
-        keep = [i for i, r in enumerate(rows) if self.in_loss(r)]
-        rows, advantages = [rows[i] for i in keep], [advantages[i] for i in keep]
+    def accumulate(self, table: pa.Table, advantages: np.ndarray, norm: Normalizer) -> list[dict]:
+        """Forward/backward over micro-batches of ``learner_chunk_size`` rows of ``table`` (``advantages``:
+        (b,), one per row); gradients accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
+        keep = self.in_loss(table)
+        if not keep.all():
+            table, advantages = table.filter(pa.array(keep)), advantages[keep]
         parts, chunk = [], self.cfg.learner_chunk_size
-        for start in range(0, len(rows), chunk):
-            mb = collate(rows[start:start + chunk], self.pad_id, advantages[start:start + chunk])
+        for start in range(0, table.num_rows, chunk):
+            mb = collate(table.slice(start, chunk), self.pad_id, advantages[start:start + chunk])
             if self.cfg.learner_pack_tokens:
                 mb = pack(mb, self.pad_id, self.cfg.learner_pack_tokens)
             mb = mb.to(self.device)
@@ -344,13 +240,13 @@ class Learner:
         return to_floats(parts)  # the step's one wait for the device
 
     def train_step(self, table: pa.Table) -> dict:
-        """One optimizer step of this rank on its shard; returns metrics of the version's batch."""
-        rows = table.to_pylist()
-        norm, advantages, totals = self.prepare(rows)
+        """One optimizer step of this rank on its shard (a COMPLETION_SCHEMA table); returns metrics of the
+        version's batch."""
+        norm, advantages, totals = self.prepare(table)
         lr = self.optimizer.param_groups[0]["lr"]
         parts, grad_norm = [], 0.0
         if totals["signal"]:
-            parts = self.accumulate(rows, advantages, norm)
+            parts = self.accumulate(table, advantages, norm)
             all_reduce_grads(self.params, self.world_size)
             max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm=max_norm))
@@ -363,12 +259,12 @@ class Learner:
         if self.baseline is not None:
             self.baseline.update(totals["reward_mean"])
         loss = all_reduce_sum([sum(p["loss"] for p in parts)], self.world_size)[0]
-        stats = _combine(parts, rows, self.version, grad_norm)
+        stats = _combine(parts, table, self.version, grad_norm)
+        truncated = np.count_nonzero(pc.equal(table.column("finish_reason"), "length").to_numpy())
         stats.update({"learner/loss": loss, "learner/reward_mean": totals["reward_mean"], "learner/lr": lr,
                       "learner/skipped_step": 0.0 if totals["signal"] else 1.0,
-                      "learner/truncated_fraction": sum(r["finish_reason"] == "length" for r in rows)
-                      / max(len(rows), 1),
-                      "learner/advantage_abs_mean": sum(abs(a) for a in advantages) / max(len(advantages), 1)})
+                      "learner/truncated_fraction": truncated / max(table.num_rows, 1),
+                      "learner/advantage_abs_mean": sum(np.abs(advantages).tolist()) / max(len(advantages), 1)})
         if self.baseline is not None:
             stats["learner/baseline"] = self.baseline.value
         return stats
@@ -472,18 +368,19 @@ class Learner:
             self.broadcaster.close()
 
 
-def _combine(parts: list[dict], rows: list[dict], version: int, grad_norm: float) -> dict:
+def _combine(parts: list[dict], table: pa.Table, version: int, grad_norm: float) -> dict:
     """Token-weighted means of micro-batch metrics (maxima of ``*_max``, minima of ``*_min``), and
     batch-level statistics of this rank's shard. An empty ``parts`` (skipped step) gives no loss metrics."""
     n = sum(p["masked_tokens"] for p in parts)
-    staleness = [version - r["policy_version"] for r in rows] or [0]
+    staleness = (version - table.column("policy_version").to_numpy()).tolist() or [0]
+    p_len, c_len = list_lengths(table, "prompt_ids"), list_lengths(table, "completion_ids")
     stats = {
         "learner/grad_norm": grad_norm,
         "learner/staleness_mean": sum(staleness) / len(staleness),
         "learner/staleness_max": max(staleness),
-        "learner/completion_tokens": float(sum(len(r["completion_ids"]) for r in rows)),
+        "learner/completion_tokens": float(c_len.sum()),
         "staleness_values": staleness,
-        "tokens": sum(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows),
+        "tokens": int(p_len.sum() + c_len.sum()),
     }
     if not parts or n == 0:
         return stats

@@ -12,7 +12,8 @@ import torch
 
 from distrl.cmd.config import TrainConfig
 from distrl.core.wire import table_from_rows
-from learn.learner import Learner, collate, pack
+from learn.batch import collate, pack
+from learn.learner import Learner
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call prepare / accumulate directly
@@ -46,7 +47,7 @@ def test_pack_layout_by_hand():
             {"prompt_ids": [6], "completion_ids": [7], "behavior_logprobs": [-2.0], "advantage": -1.0},
             {"prompt_ids": [8, 9, 10], "completion_ids": [11, 12], "behavior_logprobs": [-3.0] * 2,
              "advantage": 0.5}]
-    mb = collate(rows, pad_id=0)  # sequence lengths (inputs) 4, 1, 4
+    mb = collate(pa.Table.from_pylist(rows), pad_id=0)  # sequence lengths (inputs) 4, 1, 4
     packed = pack(mb, pad_id=0, pack_tokens=5)
     # First-fit decreasing: [seq0 (4), seq1 (1)] then [seq2 (4)] padded to width 5.
     assert packed.packed_ids.tolist() == [[1, 2, 3, 4, 6], [8, 9, 10, 11, 0]]
@@ -64,8 +65,9 @@ def test_pack_layout_by_hand():
 
 
 def loss_and_grads(lrn: Learner, rows: list[dict]) -> tuple[float, list[torch.Tensor]]:
-    norm, adv, _ = lrn.prepare(rows)
-    parts = lrn.accumulate(rows, adv, norm)
+    table = table_from_rows(rows)
+    norm, adv, _ = lrn.prepare(table)
+    parts = lrn.accumulate(table, adv, norm)
     grads = [p.grad.clone() for p in lrn.params]
     lrn.optimizer.zero_grad(set_to_none=True)
     return sum(p["loss"] for p in parts), grads
