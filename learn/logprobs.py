@@ -366,11 +366,9 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
         else:
             out = checkpoint(_chunk, flat_hidden[start:end], weight, bias, flat_targets[start:end],
                              temperature, module, return_entropy, use_reentrant=False)
+        logps.append(out[0] if return_entropy else out)
         if return_entropy:
-            logps.append(out[0])
             entropies.append(out[1])
-        else:
-            logps.append(out)
     if not logps:  # B*T == 0
         empty = hidden.new_zeros((b, t), dtype=torch.float32) + 0.0 * hidden.sum()
         return (empty, empty.detach().clone()) if return_entropy else empty
