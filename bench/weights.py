@@ -67,7 +67,7 @@ def actor_main(args) -> None:
     """One actor process: serve each announced version, report when it serves it."""
     import zmq
 
-    from distrl.weights import WeightSubscriber, make_fetcher
+    from distrl.weights import LoadOptions, WeightSubscriber, transport
     from rollout.engines import cpu_engine_env, make_engine
 
     if args.device == "cpu":
@@ -82,7 +82,8 @@ def actor_main(args) -> None:
         device = "cuda" if args.device == "cuda" else "cpu"
         receiver = BroadcastReceiver(args.broadcast, 1 + args.idx, args.actors, device)
     else:
-        fetcher = make_fetcher(args.transport, args.endpoint, Path(args.work) / f"cache{args.idx}")
+        options = LoadOptions(args.endpoint, Path(args.work) / f"cache{args.idx}")
+        fetcher = transport(args.transport).loader(options, sub)  # FsFetcher or ZmqFetcher: .fetch(ann)
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(args.report)
     push.send_json({"ready": args.idx})

@@ -49,7 +49,7 @@ from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context, save_for_publish
+from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context
 from learn.optim import build_optimizer
 from learn.tensor_metrics import to_floats
 
@@ -102,8 +102,7 @@ class Learner:
     """
 
     def __init__(self, cfg: LearnOptions, rank: int, world_size: int, buffer_address: str, model_dir: str,
-                 publisher=None, transport=None, tb_dir: str | None = None, broadcast_host: str | None = None,
-                 run_dir: str | Path | None = None):
+                 publisher=None, tb_dir: str | None = None, run_dir: str | Path | None = None):
         from buffer.client import BufferClient
 
         self.cfg, self.rank, self.world_size, self.model_dir = cfg, rank, world_size, model_dir
@@ -142,14 +141,8 @@ class Learner:
         self.client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
                                    curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
-        self.publisher, self.transport = publisher, transport
+        self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
-        self.broadcaster = None  # rank 0 with --weights_transport nccl: full weights by collective broadcast
-        if publisher is not None and cfg.weights_transport == "nccl":
-            from distrl.weights.nccl import BroadcastSender
-
-            self.broadcaster = BroadcastSender(broadcast_host or cfg.host, cfg.weights_broadcast_port,
-                                               cfg.number_of_actors, self.device)
         self.metrics = Metrics(tb_dir)
         self.version = 0
         # Called as while_waiting(version) each time a GET has to wait (--learner_generates sets it to
@@ -271,13 +264,7 @@ class Learner:
 
     def _publish(self) -> None:
         t0 = time.perf_counter()
-        fmt = "lora" if self.cfg.finetune == "lora" else "full"
-        if self.broadcaster is not None:
-            ann = self.broadcaster.publish(self.version, list(self.model.named_parameters()))
-        else:
-            ann = self.transport.publish(self.version, fmt,
-                                         lambda d: save_for_publish(self.model, d, self.cfg.finetune))
-        self.publisher.announce(ann)
+        self.publisher.publish(self.version, self.model)
         self.metrics.scalar("learner/weight_publish_s", time.perf_counter() - t0, self.version)
 
     def resume(self) -> int:
@@ -335,8 +322,8 @@ class Learner:
                      " (no signal: step skipped)" if stats["learner/skipped_step"] else "")
         if self.rank == 0:
             self.client.stop()
-            if self.broadcaster is not None and not self.broadcaster.flush(timeout_s=600):
-                log.warning("learner0: actors did not join the broadcast of the final version %d", self.version)
+            if not self.publisher.flush(timeout_s=600):
+                log.warning("learner0: the final version %d did not reach every actor", self.version)
             if self.run_dir is not None and self.cfg.export_final != "off":
                 merged = self.cfg.export_final == "merged" and not self.cfg.load_in_4bit
                 if self.cfg.export_final == "merged" and not merged:
@@ -364,8 +351,6 @@ class Learner:
 
     def close(self) -> None:
         self.client.close()
-        if self.broadcaster is not None:
-            self.broadcaster.close()
 
 
 def _combine(parts: list[dict], table: pa.Table, version: int, grad_norm: float) -> dict:

@@ -12,9 +12,9 @@
   (:func:`frozen_reference`), while with LoRA it is the same model with the adapter disabled
   (:func:`reference_context`).
 
-Published payloads (:func:`save_for_publish`): format ``lora`` is the PEFT adapter directory
-(``adapter_config.json`` + ``adapter_model.safetensors``); format ``full`` is ``save_pretrained`` of the
-whole model (``config.json`` + ``model*.safetensors``), which an engine loads as full weights.
+Published payloads (written by :mod:`distrl.weights`' publishers with ``save_pretrained``): format ``lora``
+is the PEFT adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``); format ``full`` is
+the whole model (``config.json`` + ``model*.safetensors``), which an engine loads as full weights.
 """
 
 from __future__ import annotations
@@ -122,12 +122,6 @@ def frozen_reference(model) -> tuple[torch.nn.Module, torch.nn.Module]:
     for p in ref.parameters():
         p.requires_grad_(False)
     return body_and_head(ref)
-
-
-def save_for_publish(model, directory: str | Path, finetune: str) -> str:
-    """Write the payload of one policy version into ``directory``; returns its format (lora|full)."""
-    model.save_pretrained(str(directory))
-    return "lora" if finetune == "lora" else "full"
 
 
 def export_final(model, directory: str | Path, model_dir: str, tokenizer: Optional[str] = None,

@@ -23,7 +23,7 @@ import pyarrow as pa
 from distrl.core.advantages import group_advantages
 from distrl.core.metrics import Metrics
 from distrl.core.wire import table_from_rows
-from distrl.weights import WeightError, WeightSubscriber, make_fetcher
+from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
 from rollout.config import TaskOptions
 from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
@@ -111,7 +111,7 @@ class RolloutActor:
         return PeriodicEval(self.cfg, self.task, kept, Path(work_dir) / "eval.jsonl") if kept else None
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
-        """Subscribe to the learner's announcements and set up the weight fetcher of --weights_transport."""
+        """Subscribe to the learner's announcements and set up the weight loader of --weights_transport."""
         cfg = self.cfg
         self.weights = WeightSubscriber(endpoints.weights_pub, endpoints.weights_latest, self.name)
         try:  # a late or restarted actor starts from the current version, not from version 0
@@ -119,15 +119,10 @@ class RolloutActor:
         except TimeoutError:
             log.warning("%s: no weight endpoint answer yet at %s: starting from version 0", self.name,
                         endpoints.weights_latest)
-        if cfg.weights_transport == "nccl":
-            from distrl.weights.base import endpoint_host
-            from distrl.weights.nccl import BroadcastReceiver
-
-            address = f"{endpoint_host(endpoints.weights_latest)}:{cfg.weights_broadcast_port}"
-            self.fetcher = BroadcastReceiver(address, 1 + self.actor_id, cfg.number_of_actors, self.engine.device)
-        else:
-            self.fetcher = make_fetcher(cfg.weights_transport, endpoints.weights_latest,
-                                        Path(work_dir) / "weights_cache" / self.name)
+        options = LoadOptions(endpoints.weights_latest, Path(work_dir) / "weights_cache" / self.name,
+                              rank=1 + self.actor_id, actors=cfg.number_of_actors,
+                              broadcast_port=cfg.weights_broadcast_port, device=self.engine.device)
+        self.loader = transport(cfg.weights_transport).loader(options, self.weights)
 
     def _refresh_weights(self, min_version: int, target=None) -> None:
         """Serve the newest announced version (or the announcement `target`); block until one >= min_version exists."""
@@ -140,7 +135,7 @@ class RolloutActor:
             return
         t0 = time.perf_counter()
         try:
-            ann = self._load(ann)
+            ann = self.loader.load(ann, self.engine)  # what is now served (a broadcast may carry a newer one)
         except WeightError as exc:
             log.error("%s: refusing policy version %d (%s); still serving %d", self.name, ann.version, exc,
                       self.version)
@@ -150,7 +145,7 @@ class RolloutActor:
         self.version = ann.version
         self.metrics.scalars({"actor/policy_version": ann.version, "actor/weight_load_s": time.perf_counter() - t0,
                               "actor/publish_to_serve_s": time.time() - ann.published_at,
-                              "actor/weight_mb_fetched": self.fetcher.bytes_fetched / 2**20}, step=ann.version)
+                              "actor/weight_mb_fetched": self.loader.bytes_fetched / 2**20}, step=ann.version)
 
     def _skip_used_problems(self, run_dir: Path) -> None:
         """Resume: skip the problems this actor's acknowledged groups already used (from the segment log)."""
@@ -197,22 +192,13 @@ class RolloutActor:
 
     def _serve_skipped_eval_version(self) -> None:
         """Actor 0 with --eval_every: when the newest version has passed a multiple of N this actor never
-        served, serve and evaluate that one first (its payload is still kept; not with nccl)."""
-        if self.evaluator is None or self.cfg.weights_transport == "nccl":
+        served, serve and evaluate that one first (when the transport still keeps its payload)."""
+        if self.evaluator is None or not self.loader.retains_versions:
             return
         target = self.evaluator.skipped(self.version, self.weights.poll().version)
         if target is not None and target in self.weights.seen:
             self._refresh_weights(0, self.weights.seen[target])
             self._evaluate_if_due()
-
-    def _load(self, ann):
-        """Fetch and verify `ann`'s payload and load it into the engine; return what is now served."""
-        if ann.location.startswith("nccl://"):  # a collective round: it may carry another version
-            version, named = self.fetcher.receive(ann, self.weights.announcement)
-            self.engine.load_tensors(version, named)
-            return self.weights.announcement(version)
-        self.engine.load_weights(ann.version, ann.format, self.fetcher.fetch(ann))
-        return ann
 
     def _generate(self, prompts: list[list[int]], seed: int) -> tuple[list, int]:
         """Generate with the served version; with --inflight_update, switch versions mid-call.
@@ -294,8 +280,8 @@ class RolloutActor:
                 break
             if reply["granted"] == 0:
                 newest = self.weights.poll()
-                if newest.version > self.version:  # idle: take the newest version now (with --weights_transport
-                    self._refresh_weights(newest.version)  # nccl, the learner's round waits for this actor)
+                if newest.version > self.version:  # idle: take the newest version now (a broadcast
+                    self._refresh_weights(newest.version)  # transport's round waits for this actor)
                     continue
                 time.sleep(0.05)
                 idle_s += 0.05
@@ -321,6 +307,7 @@ class RolloutActor:
         self.client.close()
         if isinstance(self.reward, UserReward):
             self.reward.close()
+        self.loader.close()
         self.weights.close()
 
 

@@ -57,7 +57,7 @@ class LearnerGenerator(RolloutActor):
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Nothing to subscribe to: the engine samples with the learner's own weights."""
-        self.weights = self.fetcher = None
+        self.weights = self.loader = None
 
     def generate_once(self, version: int) -> bool:
         """Ask for credits and generate + PUT the granted groups at the learner's ``version``.

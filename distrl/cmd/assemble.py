@@ -136,7 +136,7 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         checkpoints: write checkpoints and the final export (replay writes neither).
     Raises what a part raises, after closing the parts opened before it.
     """
-    from distrl.weights import DirectoryTransport, WeightPublisher
+    from distrl.weights import PublishOptions, transport
     from distrl.weights.base import endpoint_host
     from learn.learner import Learner
 
@@ -144,12 +144,13 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
     parts = AssembledLearner(rank, cfg.number_of_actors)
     try:
         if rank == 0:
-            parts.publisher = parts.opened(WeightPublisher(*weights_bind))
-            parts.transport = DirectoryTransport(run_dir / "weights", keep=cfg.max_staleness + 4)
+            options = PublishOptions(run_dir / "weights", keep=cfg.max_staleness + 4, pub_address=weights_bind[0],
+                                     latest_address=weights_bind[1], broadcast_host=endpoint_host(weights_bind[1]),
+                                     broadcast_port=cfg.weights_broadcast_port, actors=cfg.number_of_actors)
+            parts.publisher = parts.opened(transport(cfg.weights_transport).publisher(options))
             log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *parts.publisher.addresses)
         parts.learner = parts.opened(Learner(cfg, rank, world, buffer_address, model_dir, parts.publisher,
-                                             parts.transport, tb_dir=str(run_dir / "tb" / f"learner{rank}"),
-                                             broadcast_host=endpoint_host(weights_bind[1]),
+                                             tb_dir=str(run_dir / "tb" / f"learner{rank}"),
                                              run_dir=run_dir if checkpoints else None))
         if resume:
             parts.learner.resume()

@@ -38,6 +38,7 @@ from buffer.config import (
 )
 from distrl.cmd.config_offline import EvalConfig, ReplayConfig
 from distrl.core.run_options import BatchOptions, SharedOptions, StalenessOptions
+from distrl.weights import transport
 from learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
 from rollout.config import PromptOptions, RolloutOptions, TaskOptions
 
@@ -221,15 +222,15 @@ def actors_exist(cfg) -> None:
     if cfg.number_of_actors < (0 if getattr(cfg, "learner_generates", False) else 1):
         raise ValueError(f"--number_of_actors must be >= 1 (>= 0 with --learner_generates), "
                          f"got {cfg.number_of_actors}")
-    if cfg.number_of_actors == 0 and cfg.weights_transport == "nccl":
-        raise ValueError("--weights_transport nccl needs at least one actor (--number_of_actors 0)")
+    if cfg.number_of_actors == 0 and transport(cfg.weights_transport).needs_actors:
+        raise ValueError(f"--weights_transport {cfg.weights_transport} needs at least one actor (--number_of_actors 0)")
 
 
 def learner_options_agree(cfg) -> None:
     if cfg.pg_baseline == "running_mean" and cfg.learner != "pg":
         raise ValueError(f"--pg_baseline running_mean needs --learner pg, got --learner {cfg.learner}")
-    if cfg.weights_transport == "nccl" and cfg.finetune != "full":
-        raise ValueError("--weights_transport nccl broadcasts full weights: it needs --finetune full "
+    if transport(cfg.weights_transport).full_weights_only and cfg.finetune != "full":
+        raise ValueError(f"--weights_transport {cfg.weights_transport} carries full weights: it needs --finetune full "
                          "(LoRA adapters are small: use fs or zmq)")
 
 

@@ -43,6 +43,7 @@ from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
 from distrl.cmd.roles import ray_roles
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
+from distrl.weights import transport
 
 log = logging.getLogger("distrl.cmd.trainer")
 
@@ -160,7 +161,7 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
         cfg, run_dir, model_dir = resume_run_dir(cfg)
     else:
         run_dir, model_dir = prepare_run_dir(cfg)
-    if cfg.weights_transport == "nccl":  # the broadcast group meets on a free port of this host
+    if transport(cfg.weights_transport or "fs").needs_broadcast_port:  # its group meets on a free port here
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
     _print_start(run_dir, 0 if cfg.resume else cfg.warm_start_steps)

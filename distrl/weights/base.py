@@ -11,16 +11,25 @@ Formats: ``base`` (version 0: the initial weights, nothing to load), ``lora`` (a
 directory that vLLM loads as a new ``LoRARequest`` per version) and ``full`` (a `save_pretrained`
 model directory, loaded in place).
 
-The payload of each version is written once, into the learner's weight directory (:mod:`.fs`). How an
-actor gets it is its transport (``--weights_transport``): ``fs`` reads it from a shared filesystem,
-``zmq`` downloads it from the publisher's endpoint (:mod:`.zmq`), which answers ``FETCH`` as well as
-``LATEST``. Every transport checks the directory digest before the actor loads anything.
+One interface, whatever the transport (``--weights_transport``, :mod:`distrl.weights` lists them):
+
+- learner rank 0 holds a :class:`Publisher` (a :class:`WeightPublisher` that also makes the payload):
+  ``publish(version, model)``, ``flush(timeout_s)``, ``linger(actors)``, ``close()``;
+- an actor holds a :class:`Loader`: ``load(announcement, engine)`` gets the payload, verifies it and loads
+  it into the engine, returning the announcement of the version the engine now serves.
+
+``fs`` and ``zmq`` write each version once into the learner's weight directory (:mod:`.fs`); ``fs``
+actors read it from a shared filesystem, ``zmq`` actors download it from the publisher's endpoint
+(:mod:`.zmq`), which answers ``FETCH`` as well as ``LATEST``; both check the directory digest before the
+engine loads anything. ``nccl`` (:mod:`.nccl`) broadcasts full weights from the learner's device and
+checks a checksum of the received tensors.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -184,6 +193,62 @@ class WeightPublisher:
         self._thread.join(timeout=2)
         self._pub.close()
         self._router.close()
+
+
+def payload_format(model) -> str:
+    """``lora`` for a PEFT-wrapped model (its adapter is the payload), ``full`` for any other."""
+    return "lora" if hasattr(model, "peft_config") else "full"
+
+
+class Publisher(WeightPublisher, ABC):
+    """Learner rank 0's end of a weight transport: an announcer that also puts each version's payload
+    where the actors get it (a directory, or a broadcast)."""
+
+    @abstractmethod
+    def publish(self, version: int, model) -> Announcement:
+        """Publish `model`'s weights as `version`, announce them and return the announcement.
+
+        `model`: a transformers model (``save_pretrained``, ``named_parameters``); a PEFT-wrapped one
+        publishes its adapter (format ``lora``), any other its whole weights (``full``). Raises
+        ValueError when `version` is not newer than the last one announced.
+        """
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` seconds until the newest version has reached the actors, where the
+        transport knows that (a broadcast); on timeout give up on it and return False. Directories: True."""
+        return True
+
+
+class Loader(ABC):
+    """An actor's end of a weight transport: `load(ann, engine)` gets an announced version into `engine`.
+
+    `engine` is a rollout engine: ``load_weights(version, format, path)`` for a payload directory,
+    ``load_tensors(version, named_tensors)`` for full weights received as tensors.
+    """
+
+    bytes_fetched = 0  # payload bytes this loader received (the ``actor/weight_mb_fetched`` metric)
+    retains_versions = True  # any retained announced version can be loaded, not only the newest
+
+    @abstractmethod
+    def load(self, ann: Announcement, engine) -> Announcement:
+        """Get `ann`'s payload, verify it and load it into `engine`; return the announcement of the version
+        the engine now serves (a broadcast may carry a newer one). Raises WeightError for a missing or
+        corrupted payload (the engine then still serves what it served)."""
+
+    def close(self) -> None:  # noqa: B027 (nothing to release by default)
+        """Release what the loader holds (sockets, a process group)."""
+
+
+class DirectoryLoader(Loader):
+    """A loader whose payload is a directory: `fetch(ann)` returns its verified local path."""
+
+    @abstractmethod
+    def fetch(self, ann: Announcement) -> Path:
+        """The local payload directory of `ann`, digest-checked. Raises WeightError."""
+
+    def load(self, ann: Announcement, engine) -> Announcement:
+        engine.load_weights(ann.version, ann.format, self.fetch(ann))
+        return ann
 
 
 class WeightSubscriber:

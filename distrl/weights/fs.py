@@ -14,7 +14,7 @@ from typing import Callable
 
 import xxhash
 
-from distrl.weights.base import Announcement, WeightError
+from distrl.weights.base import Announcement, DirectoryLoader, Publisher, WeightError, payload_format
 
 CHUNK = 16 * 2**20
 
@@ -73,10 +73,25 @@ class DirectoryTransport:
         prune_versions(self.root, self._last, self.keep)
 
 
-class FsFetcher:
-    """Actor side of the shared-directory transport: the payload is read where it was published."""
+class DirectoryPublisher(Publisher):
+    """Learner rank 0 of the ``fs`` and ``zmq`` transports: each version's payload is written once into
+    ``weights_dir/vNNNNNN`` (the newest `keep` are retained), then announced; the weight endpoint
+    (`latest_address`) serves it to ``zmq`` actors (``FETCH``)."""
 
-    bytes_fetched = 0
+    def __init__(self, weights_dir: str | Path, keep: int = 4, pub_address: str = "tcp://127.0.0.1:0",
+                 latest_address: str = "tcp://127.0.0.1:0"):
+        super().__init__(pub_address, latest_address)
+        self.directory = DirectoryTransport(weights_dir, keep)
+
+    def publish(self, version: int, model) -> Announcement:
+        """Write `model` with ``save_pretrained`` (a PEFT model: its adapter) as `version`, announce it."""
+        ann = self.directory.publish(version, payload_format(model), lambda d: model.save_pretrained(str(d)))
+        self.announce(ann)
+        return ann
+
+
+class FsFetcher(DirectoryLoader):
+    """Actor side of the shared-directory transport: the payload is read where it was published."""
 
     def fetch(self, ann: Announcement) -> Path:
         return fetch(ann)

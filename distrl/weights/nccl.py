@@ -5,12 +5,13 @@ the learner and the A actors form their own process group of 1 + A ranks (NCCL o
 the same code path runs in CPU tests), rendezvous through a TCPStore that the learner hosts. It is
 not the learners' gradient group, so it needs no `init_process_group` and works beside it.
 
-    learner: publish(version, named tensors) -> snapshot into one flat buffer per dtype (on device),
+    learner: BroadcastPublisher.publish(version, model) -> snapshot into one flat buffer per dtype (on device),
              checksum, announce (format "full", transport "nccl", manifest); a sender thread then runs
              one *round*: broadcast [version], then each flat buffer.
-    actor:   when it sees an announcement newer than the version it serves, it joins the next round
-             (between generate calls), receives the version number and the buffers, checks the
-             checksum, and loads the tensors into its engine.
+    actor:   BroadcastReceiver.load(announcement, engine): when it sees an announcement newer than the
+             version it serves, it joins the next round (between generate calls), receives the version
+             number and the buffers, checks the checksum, and loads the tensors into its engine
+             (``engine.load_tensors``).
 
 A round is a collective: it starts when every actor has joined (an actor busy generating delays the
 others' update, as in any collective broadcast), and the learner's training loop never waits (the
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from distrl.weights.base import Announcement, WeightError
+from distrl.weights.base import Announcement, Loader, Publisher, WeightError
 
 TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -151,6 +152,8 @@ class BroadcastSender:
     def close(self) -> None:
         """Stop the sender; a round no actor joined is aborted, so the process can exit."""
         with self._cv:
+            if self._closed:
+                return
             self._closed = True
             unjoined = self.sent < self.published
             self._cv.notify_all()
@@ -158,14 +161,66 @@ class BroadcastSender:
             self._group.abort()
 
 
-class BroadcastReceiver:
-    """Actor side: `receive(ann)` joins one round and returns (version, named tensors on `device`)."""
+def default_device() -> torch.device:
+    """The current CUDA device when there is one (the learner's model is there), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
-    def __init__(self, address: str, rank: int, actors: int, device: torch.device | str = "cpu"):
+
+class BroadcastPublisher(Publisher):
+    """Learner rank 0 of the ``nccl`` transport: announces each version and broadcasts its full weights.
+
+    The group of 1 + `actors` ranks meets at `host`:`port`; snapshots live on `device` (None:
+    :func:`default_device`). `pub_address`/`latest_address` are the announcer's (:class:`WeightPublisher`).
+    """
+
+    def __init__(self, host: str, port: int, actors: int, device: torch.device | str | None = None,
+                 pub_address: str = "tcp://127.0.0.1:0", latest_address: str = "tcp://127.0.0.1:0"):
+        super().__init__(pub_address, latest_address)
+        self.sender = BroadcastSender(host, port, actors, default_device() if device is None else device)
+
+    def publish(self, version: int, model) -> Announcement:
+        """Snapshot `model`'s parameters (format ``full``) as `version`, announce it; the broadcast follows."""
+        ann = self.sender.publish(version, list(model.named_parameters()))
+        self.announce(ann)
+        return ann
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every actor joined the newest version's round; on timeout abort it (so the process
+        can exit) and return False."""
+        if self.sender.flush(timeout_s):
+            return True
+        self.sender.close()
+        return False
+
+    def close(self) -> None:
+        self.sender.close()
+        super().close()
+
+
+class BroadcastReceiver(Loader):
+    """Actor side: `load(ann, engine)` joins one round and loads the tensors it receives into `engine`.
+
+    `address` is ``[nccl://]host:port``, `rank` this actor's rank in the group (1 + actor id), `device`
+    where tensors are received (the engine's); `announcement_of(version)` returns an announced version's
+    :class:`Announcement` (the actor's :meth:`WeightSubscriber.announcement`), whose checksum a round of
+    another version than the one the actor reacted to must match.
+    """
+
+    retains_versions = False  # a round carries the newest snapshot only
+
+    def __init__(self, address: str, rank: int, actors: int, device: torch.device | str = "cpu",
+                 announcement_of=None):
         host, port = address.removeprefix("nccl://").rsplit(":", 1)
         self.device = torch.device(device)
         self._group = _group(host, int(port), rank, 1 + actors, self.device)
+        self.announcement_of = announcement_of
         self.bytes_fetched = 0
+
+    def load(self, ann: Announcement, engine) -> Announcement:
+        """Join one round, load its tensors with ``engine.load_tensors``; return the served announcement."""
+        version, named = self.receive(ann, self.announcement_of)
+        engine.load_tensors(version, named)
+        return ann if version == ann.version else self.announcement_of(version)
 
     def receive(self, ann: Announcement, announcement_of) -> tuple[int, list[tuple[str, torch.Tensor]]]:
         """Join one round; return its version and the named tensors on `device`.

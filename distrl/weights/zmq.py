@@ -20,13 +20,13 @@ from pathlib import Path
 import zmq
 
 from distrl.core import wire
-from distrl.weights.base import CHUNK_BYTES, Announcement, WeightError
+from distrl.weights.base import CHUNK_BYTES, Announcement, DirectoryLoader, WeightError
 from distrl.weights.fs import directory_digest, prune_versions
 
 WINDOW = 8
 
 
-class ZmqFetcher:
+class ZmqFetcher(DirectoryLoader):
     """Downloads announced payloads from `endpoint` (the publisher's LATEST address) into `cache_dir`."""
 
     def __init__(self, endpoint: str, cache_dir: str | Path, timeout_s: float = 60.0, keep: int = 2,

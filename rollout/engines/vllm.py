@@ -13,6 +13,10 @@ Weights by version:
   embedding while ``embed_tokens`` has the new one (greedy output then differs from a fresh engine).
   The re-pack is a callable RPC, so full-weight updates on CPU need the in-process engine
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :func:`cpu_engine_env`).
+- full weights received as tensors (the ``nccl`` transport, :meth:`VLLMEngine.load_tensors`): the same
+  reload with a ``weights_iterator``, copied into the running model with no file written, when the
+  engine runs in this process (a worker process would get them through vLLM's own IPC: the base
+  class's temporary safetensors directory is used instead).
 - ``merge_lora``: the engine starts without LoRA support; each adapter is merged into the base
   weights, written once to a private scratch directory, and reloaded as full weights.
 """
@@ -71,6 +75,15 @@ def _repack_tied_lm_head(worker) -> bool:
     return True
 
 
+def _in_process(llm) -> bool:
+    """Whether `llm`'s model runs in this process (engine core in-process, one uniprocess worker)."""
+    from vllm.v1.engine.core_client import InprocClient
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    client = llm.llm_engine.engine_core
+    return isinstance(client, InprocClient) and isinstance(client.engine_core.model_executor, UniProcExecutor)
+
+
 class VLLMEngine(Engine):
     """vLLM ``LLM`` in-process, with LoRA enabled (unless ``merge_lora``) and processed logprobs.
 
@@ -101,6 +114,7 @@ class VLLMEngine(Engine):
         self.max_model_len = self.llm.model_config.max_model_len
         self.model, self.merge_lora, self._on_gpu = model, merge_lora, on_gpu
         self.device = torch.device("cuda" if on_gpu else "cpu")
+        self._in_process = _in_process(self.llm)
         self.version = 0
         self._lora = None  # the LoRARequest of the version served; None for base or full weights
         self._scratch = None  # weakref.finalize deleting the merged weights of the served version
@@ -116,7 +130,22 @@ class VLLMEngine(Engine):
         elif fmt == "lora":
             self._load_lora(version, path)
         else:
-            self._reload(path)
+            self._reload(weights_path=str(path))
+        self.version = version
+
+    def load_tensors(self, version: int, named: list) -> None:
+        """Serve full weights given as (name, tensor) pairs (checkpoint names, e.g. a transformers model's
+        ``named_parameters()``), copied into the running model by vLLM's ``reload_weights`` with a
+        ``weights_iterator``: no file is written. An engine whose worker runs in another process (vLLM's
+        multiprocessing, the GPU default) would receive the tensors through vLLM's own IPC: it takes the
+        base class's path through a temporary safetensors directory instead.
+
+        Raises ValueError for a version not newer than the one served.
+        """
+        if not self._in_process:
+            return super().load_tensors(version, named)
+        self._check_load(version, "full")
+        self._reload(weights_iterator=iter(named))
         self.version = version
 
     def _load_lora(self, version: int, path: str | Path) -> None:
@@ -127,9 +156,10 @@ class VLLMEngine(Engine):
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
 
-    def _reload(self, weights_dir: str | Path) -> None:
-        """Replace the weights in place from a safetensors checkpoint directory; drop cached prefixes."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(weights_dir)})
+    def _reload(self, **source) -> None:
+        """Replace the weights in place from `source` (``weights_path``: a safetensors checkpoint directory,
+        or ``weights_iterator``: (name, tensor) pairs); drop cached prefixes."""
+        self.llm.collective_rpc("reload_weights", kwargs=source)
         if not self._on_gpu:  # in-process on CPU (a callable RPC to a worker process would need pickle)
             self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
@@ -145,7 +175,7 @@ class VLLMEngine(Engine):
         new = Path(tempfile.mkdtemp(prefix="distrl-merged-"))
         save_file(weights, str(new / "model.safetensors"), metadata={"format": "pt"})
         del weights
-        self._reload(new)
+        self._reload(weights_path=str(new))
         self._drop_scratch()
         self._scratch = weakref.finalize(self, shutil.rmtree, str(new), ignore_errors=True)  # also at exit
 

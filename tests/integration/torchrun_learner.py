@@ -4,7 +4,7 @@
         --buffer tcp://127.0.0.1:PORT --model DIR --out DIR --steps K [--aggregation MODE]
 
 Each rank joins the group with learn.learner.init_distributed_from_env(), trains K versions with
-Learner.run() (GET its shard, all-reduce, step; rank 0 publishes through a DirectoryTransport), then
+Learner.run() (GET its shard, all-reduce, step; rank 0 publishes through a DirectoryPublisher), then
 writes its trainable parameters before and after to OUT/params0-rank<r>.pt and OUT/params-rank<r>.pt,
 the all-reduced gradients of the first version (before clipping) to OUT/grads-rank<r>.pt and its history
 to OUT/history-rank<r>.json.
@@ -33,7 +33,7 @@ def main() -> None:
 
     import learn.learner
     from distrl.cmd.config import TrainConfig
-    from distrl.weights import DirectoryTransport, WeightPublisher
+    from distrl.weights import DirectoryPublisher
     from learn.learner import Learner, init_distributed_from_env
 
     first_grads: list = []
@@ -51,11 +51,8 @@ def main() -> None:
                       max_steps=args.steps, max_staleness=args.steps, learning_rate=1e-2, learner="grpo",
                       loss_aggregation=args.aggregation, off_policy="decoupled", kl_coef=0.05, max_grad_norm=0.5,
                       learner_chunk_size=3, max_new_tokens=8, dtype="float32")
-    publisher = transport = None
-    if rank == 0:
-        publisher = WeightPublisher()
-        transport = DirectoryTransport(out / "weights", keep=2)
-    learner = Learner(cfg, rank, world, args.buffer, args.model, publisher, transport)
+    publisher = DirectoryPublisher(out / "weights", keep=2) if rank == 0 else None
+    learner = Learner(cfg, rank, world, args.buffer, args.model, publisher)
     torch.save([p.detach().cpu().clone() for p in learner.params], out / f"params0-rank{rank}.pt")
     result = learner.run()
     learner.close()

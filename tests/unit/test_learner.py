@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from distrl.cmd.config import TrainConfig
+from distrl.weights import DirectoryPublisher, WeightSubscriber
 from learn.distributed import init_distributed_from_env
 from learn.learner import Learner, loss_config
 from learn.optim import lr_factor
@@ -115,17 +116,20 @@ def test_full_finetuning_trains_every_weight_and_publishes_full(tiny, tmp_path):
     assert stats["learner/kl_ref"] == 0.0 and stats["learner/grad_norm"] > 0
     assert all(not torch.equal(b, p) for b, p in zip(before, lrn.params))
 
-    class Transport:  # records what Learner._publish writes, like DirectoryTransport
-        def publish(self, version, fmt, write):
-            write(tmp_path)
-            return (version, fmt)
-
-    announced = []
-    lrn.transport, lrn.publisher = Transport(), type("P", (), {"announce": lambda self, a: announced.append(a)})()
-    lrn._publish()
-    assert announced == [(0, "full")]
-    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "qwen2"
-    assert list(tmp_path.glob("*.safetensors"))
+    lrn.publisher = DirectoryPublisher(tmp_path / "weights")  # the fs/zmq transports' publisher
+    lrn.version = 1  # as run() does after the step
+    try:
+        lrn._publish()
+        assert lrn.publisher.addresses and lrn.publisher.flush(timeout_s=0)
+        payload = tmp_path / "weights" / "v000001"
+        assert json.loads((payload / "config.json").read_text())["model_type"] == "qwen2"
+        assert list(payload.glob("*.safetensors"))  # a full model directory: format full
+        subscriber = WeightSubscriber(*lrn.publisher.addresses)
+        ann = subscriber.request_latest()
+        subscriber.close()
+        assert (ann.version, ann.format, ann.location) == (1, "full", str(payload))
+    finally:
+        lrn.publisher.close()
 
 
 def test_running_mean_baseline(tiny):
