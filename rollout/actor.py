@@ -12,7 +12,6 @@ buffer's credit reply says ``stop`` (the learners are done).
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -81,14 +80,12 @@ class RolloutActor:
         # (problem, prompt text, prompt ids) of the prompts that fit (--long_prompts: long ones skipped or cut)
         self.problems = self.long_prompts.stream(self.task.problems(seed=cfg.seed * 1000 + actor_id))
         self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
-        if cfg.resume:
-            self._skip_used_problems(Path(cfg.resume))
-        elif rejoin:  # restarted after a crash: fresh seeds, none of an acknowledged group reused
-            self._rejoin(Path(work_dir))
-        self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
-        self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
                                    curve_client_key=cfg.buffer_curve_client_key)
+        if cfg.resume or rejoin:  # resumed, or restarted after a crash: none of an acknowledged group's seeds reused
+            self._skip_used_problems()
+        self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
+        self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self._connect_weights(endpoints, work_dir)
         self.metrics = Metrics(tb_dir)
         self.version = 0  # policy version served
@@ -147,33 +144,16 @@ class RolloutActor:
                               "actor/publish_to_serve_s": time.time() - ann.published_at,
                               "actor/weight_mb_fetched": self.loader.bytes_fetched / 2**20}, step=ann.version)
 
-    def _skip_used_problems(self, run_dir: Path) -> None:
-        """Resume: skip the problems this actor's acknowledged groups already used (from the segment log)."""
-        from buffer.segments import read_segments, segment_paths
-
-        if not segment_paths(run_dir):
-            log.warning("%s: no segment log in %s: resuming at the start of the prompt stream", self.name, run_dir)
-            return
-        table = read_segments(run_dir)
-        used = len({g for g, a in zip(table.column("group_id").to_pylist(), table.column("actor_id").to_pylist())
-                    if a == self.actor_id})
+    def _skip_used_problems(self) -> None:
+        """Resumed or restarted: skip the problems of this actor's groups that the buffer accepted (it counts
+        them per actor id, rebuilt from its segment log after its own restart; no file is read here, so
+        the buffer may be on another host), so that the position-derived seeds of acknowledged groups are
+        not reused. Raises TimeoutError if the buffer does not answer."""
+        used = self.client.acked_groups(self.actor_id)
         for _ in range(used):
             next(self.problems)
         self.position = used
-        log.info("%s: resuming after the %d problems its groups already used", self.name, used)
-
-    def _rejoin(self, run_dir: Path) -> None:
-        """A restarted actor: continue after the problems of its groups in the segment log (so the
-        position-derived seeds of acknowledged groups are not reused); without a log there (another
-        host), jump to a random position of the seed space instead."""
-        from buffer.segments import segment_paths
-
-        if segment_paths(run_dir):
-            self._skip_used_problems(run_dir)
-            return
-        self.position = int.from_bytes(os.urandom(4), "little") >> 1  # within this actor's 2**32 seeds
-        log.warning("%s: rejoining without a segment log in %s: prompts start over, sampling seeds from a "
-                    "random offset %d", self.name, run_dir, self.position)
+        log.info("%s: resuming after the %d problems its groups already used (the buffer's count)", self.name, used)
 
     def _serve_final(self) -> None:
         """Load the last announced version if the learner still answers (it may already be gone)."""

@@ -283,7 +283,8 @@ def test_separate_launchers_restarted_rollout_joins_and_signals_end_each_cleanly
     finally:
         for p in procs.values():
             stop_group(p)
-    assert "rejoining without a segment log" in (tmp_path / "actor2.out").read_text()
+    # no segment log on the actor's side: the buffer told the restarted actor where to resume
+    assert int(re.search(r"resuming after the (\d+) problems", (tmp_path / "actor2.out").read_text()).group(1)) > 0
     logs = check_logs(run_dir)
     versions_never_go_backwards(logs["table"])
     assert "interrupted by SIGINT" in (tmp_path / "actor2.out").read_text()

@@ -48,8 +48,6 @@ FORBIDDEN_EXTERNAL = {"buffer": {"torch"}}
 # Today's violations: (module, imported) -> the issue item that removes it. Only ever remove entries.
 ALLOWED = {
     # issue 17, layers: role logic out of the commands, command logic out of the roles
-    # issue 18, role assembly: the launcher reads the segment log and hands the actor its start position
-    ("rollout.actor", "buffer.segments"): "issue 18: role assembly (resume position given by the launcher)",
 }
 
 
