@@ -4,8 +4,8 @@
 (`distrl/cmd/launch.py`) and `distrl replay` (`distrl/cmd/replay.py`) all build their learner and
 actor with these functions, so the parts, their order and their shutdown are the same everywhere:
 
-    build_learner -> AssembledLearner: rank 0's weight publisher + transport, the Learner (resumed from
-                     its checkpoint if asked), --learner_generates' LearnerGenerator on the learner's model
+    build_learner -> AssembledLearner: rank 0's weight publisher (--weights_transport's), the Learner
+                     (resumed from its checkpoint if asked), --learner_generates' LearnerGenerator on its model
     build_actor   -> AssembledActor: the CPU engine environment, the RolloutActor
 
 Each returned object's ``close()`` closes what its builder opened, the last opened first, each part
@@ -81,13 +81,13 @@ class _Parts:
 
 
 class AssembledLearner(_Parts):
-    """One learner rank and what it needs: ``learner``; rank 0: ``publisher`` (announces versions, answers
-    LATEST/FETCH) and ``transport`` (writes each version's weights); ``generator`` with --learner_generates."""
+    """One learner rank and what it needs: ``learner``; rank 0: ``publisher`` (a distrl.weights Publisher:
+    writes or broadcasts each version, announces it, answers LATEST/FETCH); ``generator`` with --learner_generates."""
 
     def __init__(self, rank: int, actors: int) -> None:
         super().__init__()
         self.rank, self.actors = rank, actors
-        self.learner = self.publisher = self.transport = self.generator = None
+        self.learner = self.publisher = self.generator = None
         self.finished = False  # run() returned: the final version is announced
 
     @property
