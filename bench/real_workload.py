@@ -1,0 +1,269 @@
+"""Where a policy version's time goes: SmolLM2 on `arith`, one GPU (issue 23, part (a)).
+
+The workload is the distrl case of ``bench/real_model.py``: SmolLM2-135M-Instruct, full fine-tuning,
+``--backend hf --engine hf``, 32 prompts x 8 completions of at most 24 new tokens a version,
+``--max_staleness 1``, one actor and one learner sharing the GPU, no evaluation. Cases (``--cases``) run one
+after another, each for ``--warmup`` + ``--versions`` versions (``--max_steps``: the run ends by itself):
+
+- ``defaults``: today's defaults (``--learner_chunk_size 8``).
+- ``chunk256``: ``--learner_chunk_size 256`` (the whole batch in one forward/backward).
+- ``pack``: ``chunk256`` with ``--learner_pack_tokens 4096`` (sequence packing; CUDA only).
+- ``custom_reward``: ``chunk256`` with ``--reward <work>/reward.py:score`` (:data:`REWARD_PY`, the arith
+  reward as a user writes it; run in its ``--reward_timeout_s`` child process, as by default).
+- ``learner_generates``: ``chunk256`` with ``--learner_generates --number_of_actors 0``.
+
+Each run's TensorBoard is read back (:func:`phases`): a version's time is the gap between the learner's
+consecutive ``learner/policy_version`` events; the split per version (mean over the measured versions) is
+the learner's GET wait (``learner/idle_fraction_version`` x the version's time), publish
+(``learner/weight_publish_s``), learner step (the rest of the learner's loop: collate, forward/backward,
+optimizer step), and the actor's generate (``actor/generate_s``), weight load (``actor/weight_load_s``) and
+the rest of the actor's loop (score + PUT + credit waits). Scoring 256 completions is also timed here,
+in this process, with the task's reward and with the custom one (:func:`score_cost`).
+
+Usage (GPU): ``python -m bench.real_workload run --model SmolLM2.gguf --out DIR --cases defaults,chunk256``;
+``python -m bench.real_workload report DIR [DIR ...]`` writes ``bench/results/real_workload.json``.
+``python -m bench.real_workload smoke``: the tiny model on CPU, 3 versions of one case (under a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.real_model import TASK_FLAGS  # noqa: E402
+
+REWARD_PY = '''import re
+def score(text, problem):  # the arith reward a user writes: 1 when the last integer is the answer
+    nums = re.findall(r"-?\\d+", text.replace(",", ""))
+    return float(bool(nums) and int(nums[-1]) == int(problem.gold))
+'''
+CHUNK = ["--learner_chunk_size", "256"]
+CASES = {"defaults": [], "chunk256": CHUNK, "pack": CHUNK + ["--learner_pack_tokens", "4096"],
+         "custom_reward": CHUNK + ["--reward", "{work}/reward.py:score"],
+         "learner_generates": CHUNK + ["--learner_generates", "--number_of_actors", "0"]}
+
+
+def command(args, case: str, work: Path) -> list[str]:
+    """The `distrl train` command line of one case (see the module docstring)."""
+    extra = [flag.format(work=work) for flag in CASES[case]]
+    return [sys.executable, "-m", "distrl", "train", "--model", args.model, *TASK_FLAGS,
+            "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
+            "--group_size", str(args.group_size), "--engine", "hf", "--max_staleness", "1",
+            "--max_steps", str(args.warmup + args.versions), "--checkpoint_every", "0", "--export_final", "off",
+            "--no_console", "--seed", "1", "--finetune", "full", "--backend", "hf", "--learning_rate", "2e-5",
+            "--log_dir", str(work), "--run_name", case, *args.extra.split(), *extra]
+
+
+def scalars(tb_dir: Path) -> dict[str, list[tuple[float, int, float]]]:
+    """Every scalar event of one TensorBoard directory: ``tag -> [(wall_time, step, value), ...]``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not tb_dir.is_dir():
+        return {}
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.wall_time, e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The q-quantile (0..1, nearest rank) of `values`; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def phases(run_dir: Path, warmup: int) -> dict:
+    """Version times and the per-version split of one run (seconds; module docstring)."""
+    learner = scalars(run_dir / "tb" / "learner0")
+    gen = scalars(run_dir / "tb" / "actor0") or scalars(run_dir / "tb" / "learner0gen")
+    walls = sorted((step, wall) for wall, step, _ in learner.get("learner/policy_version", []))
+    pairs = [(step, prev, wall) for (_, prev), (step, wall) in zip(walls, walls[1:]) if step > warmup]
+    if not pairs:
+        return {"versions": 0}
+    gaps, t0, t1, n = {s: w - p for s, p, w in pairs}, pairs[0][1], pairs[-1][2], len(pairs)
+
+    def per_version(events, tag, weight=None) -> float:
+        """Sum over the measured versions / n: learner tags by step (x weight[step]), actor tags by wall time."""
+        if weight is not None:
+            return sum(v * weight[s] for _, s, v in events.get(tag, []) if s in weight) / n
+        return sum(v for w, _, v in events.get(tag, []) if t0 < w <= t1) / n
+
+    wait = per_version(learner, "learner/idle_fraction_version", gaps)
+    publish = per_version(learner, "learner/weight_publish_s", dict.fromkeys(gaps, 1.0))
+    mean = sum(gaps.values()) / n
+    actor_steps = [w for w, _, _ in gen.get("actor/generate_s", []) if t0 < w <= t1]
+    generate, load = per_version(gen, "actor/generate_s"), per_version(gen, "actor/weight_load_s")
+    times = list(gaps.values())
+    return {"versions": n, "version_s_median": round(statistics.median(times), 4),
+            "version_s_p90": round(pct(times, 0.9), 4), "version_s_mean": round(mean, 4),
+            "version_s_min": round(min(times), 4), "version_s_max": round(max(times), 4),
+            "split_s": {"get_wait": round(wait, 4), "learner_step": round(mean - wait - publish, 4),
+                        "publish": round(publish, 4), "generate": round(generate, 4), "weight_load": round(load, 4),
+                        "actor_rest": round(mean - generate - load, 4) if actor_steps else None},
+            "actor_steps_per_version": round(len(actor_steps) / n, 3),
+            "learner_tokens_per_s": round(statistics.median(
+                [v for _, s, v in learner.get("learner/tokens_per_s", []) if s in gaps] or [0.0]), 1),
+            "first_version_wall": walls[0][1],
+            "times": [round(t, 4) for t in times]}
+
+
+def score_cost(work: Path, n: int = 256) -> dict:
+    """Seconds to score `n` completions (one version's) with the task's reward and with :data:`REWARD_PY`
+    through ``--reward`` (its child process, the default ``--reward_timeout_s``), in this process."""
+    from rollout.rewards import UserReward
+    from rollout.tasks import load_task
+
+    task = load_task("arith", None, seed=1, arith_ops=("+", "-"), arith_max_operand=99)
+    stream = task.problems(1)
+    problems = [next(stream) for _ in range(n)]
+    texts = [f"{p.question} = {p.gold}" if i % 2 else f"The answer is {i}." for i, p in enumerate(problems)]
+    out = {}
+    user = UserReward(f"{work}/reward.py:score")
+    try:
+        for name, fn in (("builtin", task.reward), ("custom", user)):
+            fn(texts[0], [], problems[0])
+            t = time.perf_counter()
+            for text, p in zip(texts, problems):
+                fn(text, [], p)
+            out[f"score_s_{name}"] = round(time.perf_counter() - t, 4)
+    finally:
+        user.close()
+    return out
+
+
+def run_case(args, case: str, out: Path) -> dict:
+    """One case to its --max_steps (killed, by pid, after --hard_s); its log, command and :func:`phases`."""
+    work = Path(args.work)
+    ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1"}
+    cmd = command(args, case, work)
+    shutil.rmtree(work / case, ignore_errors=True)  # an earlier run's directory: distrl train refuses it
+    t = time.time()
+    with open(out / f"{case}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            how = f"exited {proc.wait(timeout=args.hard_s)}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            how = "killed at --hard_s"
+    result = {"case": case, "how": how, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[2:]),
+              **phases(work / case, args.warmup)}
+    if result.get("first_version_wall"):  # start-up: launch to the learner's first version
+        result["startup_s"] = round(result.pop("first_version_wall") - t, 1)
+    (out / f"{case}.json").write_text(json.dumps(result, indent=1))
+    print(f"{case}: {how} in {result['wall_s']} s, {result['versions']} versions measured, median "
+          f"{result.get('version_s_median')} s", flush=True)
+    return result
+
+
+def summarize(results: dict[str, dict], scoring: dict) -> dict:
+    """bench/results/real_workload.json: the best case's median/p90 (the fastest of the cases without a
+    custom reward), ``version_s_median_custom_reward``, and every case."""
+    timed = {c: r for c, r in results.items() if r.get("versions")}
+    plain = {c: r for c, r in timed.items() if c != "custom_reward"}
+    best = min(plain, key=lambda c: plain[c]["version_s_median"]) if plain else None
+    return {"version_s_median": plain[best]["version_s_median"] if best else None,
+            "version_s_p90": plain[best]["version_s_p90"] if best else None,
+            "best_case": best,
+            "version_s_median_custom_reward": timed.get("custom_reward", {}).get("version_s_median"),
+            "version_s_p90_custom_reward": timed.get("custom_reward", {}).get("version_s_p90"),
+            **scoring, "cases": results}
+
+
+def table(summary: dict) -> str:
+    keys = ("get_wait", "learner_step", "publish", "generate", "weight_load", "actor_rest")
+    rows = [f"{'case':<18} {'n':>3} {'median':>7} {'p90':>7} " + " ".join(f"{k[:11]:>11}" for k in keys)]
+    for case, r in summary["cases"].items():
+        if not r.get("versions"):
+            rows.append(f"{case:<18} no versions ({r['how']})")
+            continue
+        split = r["split_s"]
+        rows.append(f"{case:<18} {r['versions']:>3} {r['version_s_median']:>7.3f} {r['version_s_p90']:>7.3f} "
+                    + " ".join(f"{split[k]:>11.3f}" if split[k] is not None else f"{'-':>11}" for k in keys))
+    rows.append(f"scoring 256 completions: builtin {summary.get('score_s_builtin')} s, "
+                f"custom --reward {summary.get('score_s_custom')} s")
+    return "\n".join(rows)
+
+
+def print_summary(summary: dict) -> None:
+    print(table(summary))
+    print(json.dumps({k: v for k, v in summary.items() if k != "cases"}
+                     | {"cases": {c: {k: v for k, v in r.items() if k in ("version_s_median", "version_s_p90")}
+                                  for c, r in summary["cases"].items()}}))
+
+
+def run(args) -> dict:
+    """Every case of --cases, one after another; then the table and the JSON line (also DIR/summary.json)."""
+    from distrl.core.gguf import resolve_model
+
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "reward.py").write_text(REWARD_PY)
+    args.model = str(resolve_model(args.model)) if args.model != "tiny" else "tiny"
+    scoring = score_cost(work)
+    (out / "scoring.json").write_text(json.dumps(scoring))
+    results = {case: run_case(args, case, out) for case in args.cases.split(",")}
+    summary = summarize(results, scoring)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    print_summary(summary)
+    return summary
+
+
+def report(dirs: list[str], note: str = "") -> None:
+    """Combine the cases of run directories into bench/results/real_workload.json."""
+    results, scoring = {}, {}
+    for directory in dirs:
+        for path in sorted(Path(directory).glob("*.json")):
+            if path.name == "scoring.json":
+                scoring = json.loads(path.read_text())
+            elif path.name != "summary.json":
+                results[path.stem] = json.loads(path.read_text())
+    summary = summarize(results, scoring) | {"date": time.strftime("%Y-%m-%d", time.gmtime()), "note": note}
+    (ROOT / "bench" / "results" / "real_workload.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print_summary(summary)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["run", "report", "smoke"])
+    parser.add_argument("dirs", nargs="*", help="report: run output directories")
+    parser.add_argument("--model", default="tiny", help="GGUF file or model directory (SmolLM2-135M-Instruct)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--out", default="real_workload_out", help="directory of the cases' logs and JSON")
+    parser.add_argument("--work", default="/tmp/real_workload", help="run directories")
+    parser.add_argument("--warmup", type=int, default=5, help="versions left out at the start of each case")
+    parser.add_argument("--versions", type=int, default=60, help="versions measured per case")
+    parser.add_argument("--hard_s", type=float, default=600.0, help="kill a case after this many seconds")
+    parser.add_argument("--batch_size", type=int, default=32, help="prompts per policy version")
+    parser.add_argument("--group_size", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--max_new_tokens", type=int, default=24, help="completion length")
+    parser.add_argument("--extra", default="", help="more `distrl train` flags for every case (one string)")
+    parser.add_argument("--note", default="", help="report: a line kept in the JSON (machine, commit, command)")
+    args = parser.parse_args(argv)
+    if args.mode == "smoke":  # CPU: the tiny model, 3 versions of the custom-reward case, no warm-up
+        args.model, args.cases, args.warmup, args.versions = "tiny", "custom_reward", 0, 3
+        args.work = tempfile.mkdtemp(prefix="real_workload_")
+        args.max_new_tokens, args.extra = 5, (args.extra + " --torch_threads 1").strip()
+        summary = run(args)
+        sys.exit(0 if summary["cases"]["custom_reward"].get("versions") else 1)
+    if args.mode == "run":
+        run(args)
+    else:
+        report(args.dirs, args.note)
+
+
+if __name__ == "__main__":
+    main()
