@@ -107,7 +107,7 @@ class StorageOptions:
 
 
 def buffer_options(cfg) -> dict:
-    """The SelectionOptions and StorageOptions fields of ``cfg`` as keyword arguments of BufferServer."""
+    """The SelectionOptions and StorageOptions fields of ``cfg``, by name (what ``build_buffer`` reads of them)."""
     names = [f.name for cls in (SelectionOptions, StorageOptions) if isinstance(cfg, cls)
              for f in dataclasses.fields(cls)]
     return {name: getattr(cfg, name) for name in names}
