@@ -144,9 +144,9 @@ class Learner:
         self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
-        self.version = 0
-        # Called as while_waiting(version) each time a GET has to wait (--learner_generates sets it to
-        # generate with this model); returns True if it did work, False to let the GET sleep instead.
+        self.version = 0  # this process's one policy version (a LearnerGenerator reads it, never sets it)
+        # Called as while_waiting() each time a GET has to wait (--learner_generates sets it to generate with
+        # this model at self.version); returns True if it did work, False to let the GET sleep instead.
         self.while_waiting = None
 
     # ---- one micro-batch ---------------------------------------------------------------------
@@ -294,8 +294,8 @@ class Learner:
             self._publish()
         while self.version < self.cfg.max_steps:
             t0 = time.perf_counter()
-            waiting = None if self.while_waiting is None else (lambda: self.while_waiting(self.version))
-            table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800, on_wait=waiting)
+            table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800,
+                                    on_wait=self.while_waiting)
             wait_s = time.perf_counter() - t0
             idle_s += wait_s
             t1 = time.perf_counter()

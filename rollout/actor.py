@@ -48,6 +48,8 @@ class RolloutActor:
     sections of rollout/config.py and the shared ones of distrl/core/run_options.py.
     """
 
+    version: int = 0  # policy version served (set when it loads one; rollout.colocated reads its learner's)
+
     def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
                  work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
                  name: str | None = None):
@@ -88,7 +90,6 @@ class RolloutActor:
         self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self._connect_weights(endpoints, work_dir)
         self.metrics = Metrics(tb_dir)
-        self.version = 0  # policy version served
         self._seq = 0
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
         self.weight_wait_s = 0.0  # time blocked waiting for a new enough policy version

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Callable
 
 from rollout.actor import ActorEndpoints, RolloutActor
 
@@ -37,16 +38,18 @@ class LearnerGenerator(RolloutActor):
         model: the learner's model object, shared (not copied).
         buffer_address: the buffer's ZMQ endpoint.
         model_dir: where the tokenizer is read (``--tokenizer`` when given).
+        policy_version: reads the learner's policy version (``lambda: learner.version``): the learner owns it;
+            the generator and its shared engine hold none (:attr:`version` reads this).
         tb_dir: TensorBoard directory of its ``actor/*`` scalars (None: none).
     """
 
     def __init__(self, cfg, rank: int, model, buffer_address: str, model_dir: str,
-                 tb_dir: str | None = None):
+                 policy_version: Callable[[], int], tb_dir: str | None = None):
         from transformers import AutoTokenizer
 
         from rollout.engines.hf import HFEngine
 
-        self.rank, self.model = rank, model
+        self.rank, self.model, self._policy_version = rank, model, policy_version
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
         engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank)
         super().__init__(cfg, -1 - rank,
@@ -59,8 +62,13 @@ class LearnerGenerator(RolloutActor):
         """Nothing to subscribe to: the engine samples with the learner's own weights."""
         self.weights = self.loader = None
 
-    def generate_once(self, version: int) -> bool:
-        """Ask for credits and generate + PUT the granted groups at the learner's ``version``.
+    @property
+    def version(self) -> int:
+        """The policy version its groups are generated with: the learner's, read at each use (read-only)."""
+        return self._policy_version()
+
+    def generate_once(self) -> bool:
+        """Ask for credits and generate + PUT the granted groups at the learner's current version.
 
         Returns True if it generated (the learner asks for its batch again at once), False when the
         buffer granted nothing or says stop (the learner's GET then sleeps its poll interval).
@@ -68,7 +76,7 @@ class LearnerGenerator(RolloutActor):
         reply = self.client.credits(want=self.want)
         if reply["stop"] or reply["granted"] == 0:
             return False
-        self.version = self.engine.version = version
+        version = self.version  # the learner's: it does not change while its GET waits on this call
         was_training = self.model.training
         self.model.eval()
         t0 = time.perf_counter()

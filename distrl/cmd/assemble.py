@@ -157,7 +157,9 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         if cfg.learner_generates:  # rollouts from this learner's model while its GET waits
             from rollout.colocated import LearnerGenerator
 
-            parts.generator = parts.opened(LearnerGenerator(cfg, rank, parts.learner.model, buffer_address, model_dir,
+            learner = parts.learner
+            parts.generator = parts.opened(LearnerGenerator(cfg, rank, learner.model, buffer_address, model_dir,
+                                                            policy_version=lambda: learner.version,
                                                             tb_dir=str(run_dir / "tb" / f"learner{rank}gen")))
             parts.learner.while_waiting = parts.generator.generate_once
     except BaseException:

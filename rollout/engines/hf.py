@@ -75,7 +75,8 @@ class HFEngine(Engine):
     @classmethod
     def sharing(cls, model, tokenizer, max_model_len: int | None = None, seed: int = 0) -> "HFEngine":
         """An engine that samples with an existing ``model`` object (e.g. the learner's, LoRA-wrapped or
-        not): no copy, so it always serves the model's current weights; the owner sets ``version``.
+        not): no copy, so it always serves the model's current weights; its ``version`` stays 0 (the model's
+        owner holds the policy version: rollout.colocated reads the learner's).
         Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer.
         On CUDA it samples through the fast path (captured graphs stay valid: optimizers update the
         weights in place) unless the model is PEFT-wrapped (its adapters may be swapped)."""
