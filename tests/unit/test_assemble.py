@@ -72,3 +72,22 @@ def test_a_builder_that_fails_closes_what_it_opened(tmp_path):
         sock.linger = 0
         sock.bind(address)
         sock.close()
+
+
+def test_replay_builds_a_plain_learner_whatever_the_source_run_was(tmp_path):
+    """A source run with an nccl broadcast, --learner_generates and --resume: the replay's learner has no
+    actors to broadcast to, no generator and nothing to resume (distrl.cmd.replay.train_config)."""
+    import json
+
+    from distrl.cmd.config import ReplayConfig
+    from distrl.cmd.replay import train_config
+
+    source = tmp_path / "src"
+    source.mkdir()
+    saved = TrainConfig(run_name="src", weights_transport="nccl", finetune="full", learner_generates=True,
+                        resume=str(source))
+    (source / "config.json").write_text(saved.to_json())
+    train = train_config(ReplayConfig(source=str(source), run_name="rep", log_dir=str(tmp_path)), group_size=8)
+    assert (train.weights_transport, train.learner_generates, train.resume, train.finetune) == ("fs", False, None,
+                                                                                                 "full")
+    assert json.loads(train.to_json())["weights_transport"] == "fs"
