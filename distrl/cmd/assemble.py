@@ -107,7 +107,7 @@ class AssembledLearner(_Parts):
         """After a finished run, rank 0 first serves the final version until every one of ``actors`` actors
         asked for it (``WeightPublisher.linger``: a launcher cannot know when they are done; ``linger=False``
         where the caller knows: the Ray driver saw them finish, replay has none). Then closes the generator,
-        the learner (buffer client, nccl sender) and the publisher."""
+        the learner (its buffer client) and the publisher (its sockets; nccl: its broadcast sender)."""
         try:
             if linger and self.finished and self.publisher is not None and self.actors > 0:
                 if self.publisher.linger(self.actors):
