@@ -161,7 +161,7 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
         cfg, run_dir, model_dir = resume_run_dir(cfg)
     else:
         run_dir, model_dir = prepare_run_dir(cfg)
-    if transport(cfg.weights_transport or "fs").needs_broadcast_port:  # its group meets on a free port here
+    if transport(cfg.weights_transport).needs_broadcast_port:  # its group meets on a free port of this host
         cfg = dataclasses.replace(cfg, weights_broadcast_port=_free_port(cfg.host))
     setup_logging(run_dir / "logs" / "driver.log")
     _print_start(run_dir, 0 if cfg.resume else cfg.warm_start_steps)

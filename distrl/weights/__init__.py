@@ -124,8 +124,13 @@ class NcclTransport(Transport):
 TRANSPORTS: dict[str, type[Transport]] = {t.name: t for t in (FsTransport, ZmqTransport, NcclTransport)}
 
 
-def transport(name: str) -> type[Transport]:
-    """The transport called `name` (``--weights_transport``). Raises ValueError for an unknown one."""
+DEFAULT = "fs"  # an unset --weights_transport
+
+
+def transport(name: str | None) -> type[Transport]:
+    """The transport called `name` (``--weights_transport``; None: :data:`DEFAULT`). Raises ValueError for
+    an unknown name."""
+    name = DEFAULT if name is None else name
     if name not in TRANSPORTS:
         raise ValueError(f"unknown weights transport {name!r}; expected one of {sorted(TRANSPORTS)}")
     return TRANSPORTS[name]
@@ -145,4 +150,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f"distrl.weights.{_LAZY[name]}"), name)
 
 
-__all__ = ["TRANSPORTS", "LoadOptions", "PublishOptions", "Transport", "transport", *_LAZY]
+__all__ = ["DEFAULT", "TRANSPORTS", "LoadOptions", "PublishOptions", "Transport", "transport", *_LAZY]
