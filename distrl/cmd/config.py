@@ -118,7 +118,16 @@ class _TrainOptions:
     """`distrl train`: seconds to wait for Ray to reserve the roles' GPUs; then the run fails, saying what
     was asked and what the cluster has."""
     host: str = "127.0.0.1"
-    """Address the buffer and weight endpoints bind to (loopback unless you need other hosts)."""
+    """Address the buffer and weight endpoints bind to when every role runs on the driver's node (loopback
+    unless you need other hosts); when `distrl train`'s roles span Ray nodes, each binds on its node's address."""
+    actor_resources: Optional[str] = None
+    """`distrl train`: Ray resources each rollout actor asks for, as a JSON object, e.g. `{"node2": 1}` (a
+    custom resource of `ray start --resources`): pins the actors to the nodes that have it (docs/multinode.md)."""
+    learner_resources: Optional[str] = None
+    """`distrl train`: Ray resources each learner asks for, as a JSON object (as --actor_resources)."""
+    buffer_resources: Optional[str] = None
+    """`distrl train`: Ray resources the buffer asks for, as a JSON object (as --actor_resources). A role that
+    asks for no GPU and no resource runs on the driver's node."""
 
     def check(self) -> None:
         """Raise ValueError naming the first bad `distrl train` option."""
@@ -132,6 +141,26 @@ class _TrainOptions:
             raise ValueError(f"--heartbeat_timeout_s must be >= 0 (0: no watchdog), got {self.heartbeat_timeout_s}")
         if self.max_actor_restarts < 0:
             raise ValueError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
+        for role in ("actor", "learner", "buffer"):
+            ray_resources(getattr(self, f"{role}_resources"), f"--{role}_resources")
+
+
+def ray_resources(text: str | None, flag: str) -> dict[str, float]:
+    """``text`` (a JSON object of Ray resource name -> amount > 0) as a dict; {} for None. Raises
+    ValueError naming ``flag`` for anything else, or for GPU (--gpus_per_actor/--gpus_per_learner say that)."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
+                                              and not isinstance(v, bool) and v > 0 for k, v in value.items()):
+        raise ValueError(f"{flag} must be a JSON object of Ray resource name -> amount > 0, e.g. "
+                         f"'{{\"node2\": 1}}', got {text!r}")
+    if "GPU" in value:
+        raise ValueError(f"{flag}: give GPUs with --gpus_per_actor/--gpus_per_learner, not as a resource")
+    return {k: float(v) for k, v in value.items()}
 
 
 def gpu_split_counts(cfg) -> dict[str, float]:
@@ -156,6 +185,7 @@ class _Composed:
     ``rules``: the cross-section rules that apply to it (functions of the config raising ValueError)."""
 
     rules: ClassVar[tuple] = ()
+    places_roles: ClassVar[bool] = False  # distrl train: an unset --weights_transport waits for the placement
 
     def __post_init__(self) -> None:
         self.resolve()
@@ -175,6 +205,8 @@ class _Composed:
         for name in ("number_of_actors", "number_of_learners"):
             if hasattr(self, name) and getattr(self, name) is None:
                 setattr(self, name, 1)
+        if getattr(self, "weights_transport", "") is None and not self.places_roles:
+            self.weights_transport = "fs"  # distrl train picks it once its roles are placed (distrl.cmd.nodes)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option: each section's own check, then the rules joining two."""
@@ -241,6 +273,7 @@ class TrainConfig(_Composed, _LearnerView, _BufferView, _TrainOptions, WarmStart
     """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
 
     rules = (actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree)
+    places_roles = True
 
 
 @dataclass

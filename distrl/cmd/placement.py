@@ -11,6 +11,10 @@ state forever.
 Defaults (``--gpus_per_actor``/``--gpus_per_learner`` unset): with G GPUs in the cluster and
 N = actors + learners roles, each role gets ``1 / ceil(N / G)`` GPUs (1 when N <= G, 0.5 when up to two
 roles must share a GPU, ...); with no GPU, 0 (CPU roles, no placement group, as on a laptop).
+
+Ray resources (``--actor_resources``/``--learner_resources``/``--buffer_resources``, e.g. ``{"node2": 1}``)
+join the role's bundle, which pins it to the nodes that have them. A role with no bundle (no GPU, no
+resource) runs on the driver's node. ``Placement.nodes`` says on which node each role runs, before any starts.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from distrl.cmd.config import TrainConfig
+from distrl.cmd.config import TrainConfig, ray_resources
 
 
 def default_gpus(roles: int, cluster_gpus: float) -> float:
@@ -41,23 +45,32 @@ def role_gpus(cfg: TrainConfig, cluster_gpus: float) -> tuple[float, float]:
 class Placement:
     """The roles' Ray options. ``group`` is None when no role asks for a GPU.
 
-    ``bundles``: role name (``learner0``, ``actor2``) -> bundle index in ``group``.
+    ``bundles``: role name (``learner0``, ``actor2``, ``buffer0``) -> (bundle index in ``group``, its resources).
+    ``home``: the driver's node id (roles without a bundle run there); ``nodes``: role name -> node id.
     """
 
     gpus_per_actor: float
     gpus_per_learner: float
     group: object = None
-    bundles: dict[str, int] = field(default_factory=dict)
+    bundles: dict[str, tuple[int, dict]] = field(default_factory=dict)
+    home: str | None = None
+    nodes: dict[str, str] = field(default_factory=dict)
 
     def options(self, role: str) -> dict:
-        """Keyword arguments of ``RoleClass.options(...)`` for ``role`` (``learner<r>`` or ``actor<i>``)."""
-        gpus = self.gpus_per_learner if role.startswith("learner") else self.gpus_per_actor
+        """Keyword arguments of ``RoleClass.options(...)`` for ``role`` (``learner<r>``, ``actor<i>``, ``buffer0``)."""
         if self.group is None or role not in self.bundles:
-            return {"num_gpus": 0}
+            if self.home is None:
+                return {"num_gpus": 0}
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            return {"num_gpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(self.home, soft=False)}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=self.bundles[role])
-        return {"num_gpus": gpus, "scheduling_strategy": strategy}
+        index, bundle = self.bundles[role]
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
+        resources = {k: v for k, v in bundle.items() if k != "GPU"}
+        return {"num_gpus": bundle.get("GPU", 0), "scheduling_strategy": strategy,
+                **({"resources": resources} if resources else {})}
 
     def release(self) -> None:
         """Remove the placement group (idempotent)."""
@@ -80,19 +93,21 @@ def reserve(cfg: TrainConfig) -> Placement:
 
     total_gpus = float(ray.cluster_resources().get("GPU", 0.0))
     per_actor, per_learner = role_gpus(cfg, total_gpus)
-    placement = Placement(per_actor, per_learner)
-    roles = [(f"learner{r}", per_learner) for r in range(cfg.number_of_learners)]
-    roles += [(f"actor{i}", per_actor) for i in range(cfg.number_of_actors)]
-    roles = [(name, g) for name, g in roles if g > 0]
+    placement = Placement(per_actor, per_learner, home=ray.get_runtime_context().get_node_id())
+    bundles = _bundles(cfg, per_actor, per_learner)
+    roles = list(bundles.items())
+    placement.nodes = {name: placement.home for name in _role_names(cfg)}
     if not roles:
         return placement
-    asked = sum(g for _, g in roles)
+    asked = sum(b.get("GPU", 0) for _, b in roles)
     what = (f"asked {cfg.number_of_actors} actors x {per_actor:g} GPU + {cfg.number_of_learners} learners x "
             f"{per_learner:g} GPU = {asked:g} GPUs ({cfg.placement_strategy})")
+    what += "".join(f", {flag} {getattr(cfg, flag[2:])}" for flag in ("--actor_resources", "--learner_resources",
+                                                                    "--buffer_resources") if getattr(cfg, flag[2:]))
     if asked > total_gpus + 1e-9:
         raise RuntimeError(f"{what}, but the Ray cluster has {total_gpus:g} GPUs: lower --number_of_actors, "
                            f"--number_of_learners or --gpus_per_actor/--gpus_per_learner, or use a larger cluster")
-    group = placement_group([{"GPU": g} for _, g in roles], strategy=cfg.placement_strategy, name="")
+    group = placement_group([b for _, b in roles], strategy=cfg.placement_strategy, name="")
     try:
         ray.get(group.ready(), timeout=cfg.placement_timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -104,5 +119,24 @@ def reserve(cfg: TrainConfig) -> Placement:
                            f"cluster has {total_gpus:g} GPUs, {ray.available_resources().get('GPU', 0):g} free, "
                            f"per node {nodes}") from None
     placement.group = group
-    placement.bundles = {name: i for i, (name, _) in enumerate(roles)}
+    placement.bundles = {name: (i, b) for i, (name, b) in enumerate(roles)}
+    on = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    placement.nodes.update({name: on[i] for name, (i, _) in placement.bundles.items()})
     return placement
+
+
+def _role_names(cfg: TrainConfig) -> list[str]:
+    return ["buffer0", *(f"learner{r}" for r in range(cfg.number_of_learners)),
+            *(f"actor{i}" for i in range(cfg.number_of_actors))]
+
+
+def _bundles(cfg: TrainConfig, per_actor: float, per_learner: float) -> dict[str, dict[str, float]]:
+    """Role name -> its bundle (``GPU`` and the role's --*_resources) for each role that asks for anything."""
+    bundles = {}
+    for name in _role_names(cfg):
+        kind = name.rstrip("0123456789")
+        gpus = {"actor": per_actor, "learner": per_learner}.get(kind, 0.0)
+        bundle = {**({"GPU": gpus} if gpus > 0 else {}), **ray_resources(getattr(cfg, f"{kind}_resources"), kind)}
+        if bundle:
+            bundles[name] = bundle
+    return bundles

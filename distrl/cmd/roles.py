@@ -29,6 +29,9 @@ class BufferRole:
     def address(self) -> str:
         return self.server.address
 
+    def node_address(self) -> str:
+        return node_address()
+
     def serve(self) -> dict:
         try:
             self.server.serve()
@@ -62,6 +65,9 @@ class LearnerRole:
     def accelerator_ids(self) -> list[str]:
         return accelerator_ids()
 
+    def node_address(self) -> str:
+        return node_address()
+
     def run(self) -> dict:
         try:
             return self.parts.run()
@@ -93,6 +99,9 @@ class RolloutRole:
     def accelerator_ids(self) -> list[str]:
         return accelerator_ids()
 
+    def node_address(self) -> str:
+        return node_address()
+
     def run(self) -> dict:
         try:
             return self.parts.run()
@@ -113,3 +122,10 @@ def accelerator_ids() -> list[str]:
     import ray
 
     return list(ray.get_runtime_context().get_accelerator_ids().get("GPU", []))
+
+
+def node_address() -> str:
+    """The address of the Ray node the calling role runs on (where it binds when a run spans nodes)."""
+    import ray
+
+    return ray.util.get_node_ip_address()

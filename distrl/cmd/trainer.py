@@ -42,6 +42,7 @@ from distrl.cmd.faults import (
 from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
 from distrl.cmd.roles import ray_roles
+from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.weights import transport
 
@@ -147,6 +148,8 @@ class _Run:
     learner_refs: list = dataclasses.field(default_factory=list)
     actor_refs: list = dataclasses.field(default_factory=list)
     gpu_ids: dict = dataclasses.field(default_factory=dict)
+    plan: object = None  # distrl.cmd.nodes.NodePlan: each role's node, address, model; the outputs gathered
+    hosts: dict = dataclasses.field(default_factory=dict)  # role -> the address of its node, as it reported it
 
     def handles(self) -> dict:
         """Role name -> Ray actor handle (None for one not started)."""
@@ -186,29 +189,69 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
 
     from rollout.actor import ActorEndpoints
 
-    run.placement = reserve(cfg)
+    plan = run.plan
     BufferRole, LearnerRole, RolloutRole = ray_roles()
     # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
-    run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}}).remote(
-        cfg, str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
+    run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
+                                    **run.placement.options("buffer0")).remote(
+        plan.role_cfg["buffer0"], str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
     run.buffer_address = ray.get(run.buffer.address.remote())
+    run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
     run.buffer_ref = run.buffer.serve.remote()
     run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
-    dist_address = f"tcp://{cfg.host}:{_free_port(cfg.host)}"
+    dist_address = plan.dist_address or f"tcp://{cfg.host}:{_free_port(cfg.host)}"
     run.learners = [LearnerRole.options(**run.placement.options(f"learner{r}")).remote(
-                        cfg, r, run.buffer_address, model_dir, str(run_dir), dist_address)
+                        plan.role_cfg[f"learner{r}"], r, run.buffer_address, plan.model_dirs[f"learner{r}"],
+                        str(run_dir), dist_address)
                     for r in range(cfg.number_of_learners)]
     pub, latest = ray.get(run.learners[0].weight_addresses.remote())
     endpoints = ActorEndpoints(run.buffer_address, pub, latest)
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
-                      cfg, i, endpoints, model_dir, str(run_dir))
+                      plan.role_cfg[f"actor{i}"], i, endpoints, plan.model_dirs[f"actor{i}"], str(run_dir))
                   for i in range(cfg.number_of_actors)]
     run.gpu_ids = {name: ray.get(h.accelerator_ids.remote()) for name, h in run.handles().items() if name != "buffer0"}
     log.info("placement (GPUs per actor %g, per learner %g): %s", run.placement.gpus_per_actor,
              run.placement.gpus_per_learner, run.gpu_ids)
+    run.hosts.update({name: ray.get(h.node_address.remote()) for name, h in run.handles().items() if name != "buffer0"})
+    log.info("roles' addresses: %s; buffer %s, weights %s", run.hosts, run.buffer_address, pub)
     run.actor_refs = [a.run.remote() for a in run.actors]
     run.learner_refs = [lr.run.remote() for lr in run.learners]
+
+
+def _place(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> TrainConfig:
+    """Reserve the roles' placement and plan what each node needs (distrl.cmd.nodes); returns the config
+    with its weight transport settled. Raises PreflightError for a flag the placement makes unworkable."""
+    from distrl.cmd.nodes import plan_nodes
+
+    run.placement = reserve(cfg)
+    run.plan = plan_nodes(cfg, run_dir, model_dir, run.placement)
+    if run.plan.gatherer is not None:
+        log.info("roles on nodes without this run directory: %s (their logs and events are copied here)",
+                 run.plan.gatherer.globs and sorted(run.plan.gatherer.globs))
+    return run.plan.cfg
+
+
+def _with_gathering(watch, gatherer):
+    """The liveness check `watch` (or None), also copying other nodes' role outputs every so often."""
+    if gatherer is None:
+        return watch
+
+    def both() -> None:
+        if watch is not None:
+            watch()
+        gatherer.maybe_gather()
+
+    return both
+
+
+def _gather(run: _Run) -> None:
+    """Copy the outputs of roles on other nodes into the run directory (none: nothing to do; never raises)."""
+    if run.plan is not None and run.plan.gatherer is not None:
+        try:
+            run.plan.gatherer.gather()
+        except Exception as exc:  # the run's own outcome matters more than a missing log
+            log.warning("gathering the roles' logs failed: %s", exc)
 
 
 def _stop(run: _Run, owns_ray: bool) -> None:
@@ -241,10 +284,12 @@ def train(cfg: TrainConfig) -> dict:
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
     start, run = time.time(), _Run()
     try:
+        cfg = _place(cfg, run_dir, model_dir, run)
         _start_roles(cfg, run_dir, model_dir, run)
         refs = dict(zip(run.handles(), [run.buffer_ref, *run.learner_refs, *run.actor_refs]))
         run.watchdog, watch = watch_roles(cfg, run_dir, run.buffer_address,
                                           {name: (h, refs[name]) for name, h in run.handles().items()})
+        watch = _with_gathering(watch, run.plan.gatherer)
         learner_results = _wait_all(run.learner_refs, run.actor_refs + [run.buffer_ref], watch=watch)
         actor_results = _wait_all(run.actor_refs, [run.buffer_ref], timeout_s=600, watch=watch)
         closed = [learner.close.remote() for learner in run.learners]  # the actors have the final version
@@ -253,7 +298,13 @@ def train(cfg: TrainConfig) -> dict:
         client.close()
         buffer_stats = ray.get(run.buffer_ref, timeout=60)
         ray.get(closed, timeout=60)
+        _gather(run)
+    except PreflightError:  # the placement makes a flag unworkable (distrl.cmd.nodes): no role started
+        if not cfg.resume:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     except (Exception, KeyboardInterrupt) as exc:  # a signal, a stuck or a failed role: flush the buffer, say why
+        _gather(run)
         reason = as_interrupted(exc) if isinstance(exc, KeyboardInterrupt) else role_failed(exc, run.handles(), run_dir)
         if run.console is not None:  # the last view stays; what follows is printed below it
             run.console.stop()
@@ -264,6 +315,7 @@ def train(cfg: TrainConfig) -> dict:
     finally:
         _stop(run, owns_ray)
     summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats)
+    summary["hosts"] = run.hosts
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON

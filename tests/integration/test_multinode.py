@@ -1,0 +1,179 @@
+"""`distrl train` on a two-node Ray cluster with no shared filesystem (issue 20, docs/multinode.md).
+
+Both nodes run on this machine: node 1 is a head node at 127.0.0.1, node 2 a second `ray start` at
+127.0.0.2 (a loopback address of its own) with the custom resource ``node2``. Node 2's processes live in
+a private mount namespace (``unshare -m``) with a tmpfs over its Ray temp dir, over the log directory and
+over the ``--model`` directory: what a role on node 2 writes there is invisible on node 1, and node 1's
+model and run directory are invisible on node 2, as on two machines without a shared filesystem.
+
+Each cluster has its own temp dirs and ports (other Ray clusters on this machine are left alone); the
+fixture ends it by the pids of the processes whose command line names its temp dirs (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUTH_MODE": "disabled",
+       "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+NODE2 = "127.0.0.2"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_pids(marks: list[str]) -> list[int]:
+    """Pids of the processes whose command line names one of ``marks`` (this cluster's temp dirs)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(mark in cmdline for mark in marks):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _end_cluster(marks: list[str]) -> None:
+    """SIGTERM, then SIGKILL after 10 s, to this cluster's processes (by pid)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _cluster_pids(marks)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(100):
+            if not _cluster_pids(marks):
+                return
+            time.sleep(0.1)
+
+
+class Cluster:
+    """A head node (127.0.0.1) and node 2 (127.0.0.2, resource ``node2``, private tmpfs mounts)."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp1, self.temp2 = Path(f"/tmp/rmn1-{self.port}"), Path(f"/tmp/rmn2-{self.port}")  # short: socket paths
+        self.log_dir, self.model_dir = base / "runs", base / "model"
+        for d in (self.temp1, self.temp2, self.log_dir, self.model_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        common = ["--num-cpus", "2", "--disable-usage-stats"]
+        subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
+                        "--temp-dir", str(self.temp1), "--include-dashboard", "false", *common],
+                       env=ENV, check=True, capture_output=True, timeout=120)
+        hidden = " && ".join(f"mount -t tmpfs tmpfs {d}" for d in (self.temp2, self.log_dir, self.model_dir))
+        node2 = (f"{RAY} start --address {self.address} --node-ip-address {NODE2} --temp-dir {self.temp2} "
+                 f"{' '.join(common)} --resources '{{\"node2\": 2}}'")
+        subprocess.run(["unshare", "-m", "bash", "-c", f"{hidden} && {node2}"], env=ENV, check=True,
+                       capture_output=True, timeout=120)
+        for _ in range(100):
+            addresses = self._alive_nodes()
+            if len(addresses) == 2:  # Ray gives the head the machine's address, not 127.0.0.1
+                self.node1 = next(a for a in addresses if a != NODE2)
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the cluster at {self.address} has the nodes {addresses}, expected 2")
+
+    def _alive_nodes(self) -> list[str]:
+        """The addresses of the cluster's live nodes, as Ray reports them."""
+        out = subprocess.run([sys.executable, "-c", "import ray, json; ray.init(address='%s', logging_level=40); "
+                              "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))"
+                              % self.address], env=ENV, capture_output=True, text=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else []
+
+    def stop(self) -> None:
+        _end_cluster([str(self.temp1), str(self.temp2)])
+        for d in (self.temp1, self.temp2):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The two-node cluster, and a tiny model directory on node 1 (node 2 sees an empty tmpfs there)."""
+    from distrl.core.tiny import build_tiny_model
+
+    c = Cluster(tmp_path_factory.mktemp("multinode"))
+    build_tiny_model(c.model_dir, seed=0)  # before node 2 mounts over it: node 1's files only
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def distrl_train(cluster: Cluster, run_name: str, *flags: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "distrl", "train", "--ray_address", cluster.address, "--model",
+            str(cluster.model_dir), "--task", "half_vocab", "--engine", "hf", "--batch_size", "4", "--group_size", "2",
+            "--max_new_tokens", "8", "--torch_threads", "1", "--no_console", "--log_dir", str(cluster.log_dir),
+            "--run_name", run_name, *flags]
+    return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def test_actors_on_node2_buffer_and_learner_on_node1(cluster):
+    """Acceptance 1: buffer and learner on node 1, two actors on node 2 (pinned by a Ray resource), 6
+    versions: each actor loaded >= 3 versions incl. the final one; each role reports its node's address;
+    the driver's run directory holds every role's TensorBoard events and log."""
+    proc = distrl_train(cluster, "two-nodes", "--max_steps", "6", "--number_of_actors", "2",
+                        "--actor_resources", '{"node2": 1}')
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_dir = cluster.log_dir / "two-nodes"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] == 6
+    hosts = summary["hosts"]
+    node1 = cluster.node1
+    assert hosts == {"buffer0": node1, "learner0": node1, "actor0": NODE2, "actor1": NODE2}, hosts
+    driver_log = (run_dir / "logs" / "driver.log").read_text()
+    assert f"buffer tcp://{node1}:" in driver_log and f"weights tcp://{node1}:" in driver_log  # bound there
+    assert json.loads((run_dir / "config.json").read_text())["weights_transport"] == "zmq"  # chosen: no shared fs
+    for role in ("driver", "buffer0", "learner0", "actor0", "actor1"):
+        assert (run_dir / "logs" / f"{role}.log").stat().st_size > 0, role
+    for role in ("learner0", "actor0", "actor1"):
+        assert list((run_dir / "tb" / role).glob("events.out.tfevents.*")), role
+        assert scalar_steps(run_dir, role, "learner/policy_version" if role == "learner0" else "actor/policy_version")
+    for actor in ("actor0", "actor1"):
+        loaded = scalar_steps(run_dir, actor, "actor/policy_version")
+        assert len(loaded) >= 3 and loaded[-1] == 6, (actor, loaded)
+        assert "switched from policy version" in (run_dir / "logs" / f"{actor}.log").read_text()
+
+
+def test_fs_transport_across_nodes_is_refused(cluster):
+    """Acceptance 3: --weights_transport fs with the actors on node 2 fails before any role starts."""
+    proc = distrl_train(cluster, "fs-refused", "--max_steps", "2", "--weights_transport", "fs",
+                        "--actor_resources", '{"node2": 1}')
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--weights_transport: fs reads" in errors[0] and NODE2 in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (cluster.log_dir / "fs-refused").exists()  # nothing started: the corrected command can reuse the name
+
+
+def scalar_steps(run_dir: Path, role: str, tag: str) -> list[int]:
+    """The steps at which ``role``'s TensorBoard events in the driver's run directory logged ``tag``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir / "tb" / role), size_guidance={"scalars": 0})
+    ea.Reload()
+    return sorted(e.step for e in ea.Scalars(tag)) if tag in ea.Tags()["scalars"] else []
