@@ -281,7 +281,7 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from buffer.client import BufferClient
-    from distrl.weights import DirectoryTransport, WeightPublisher
+    from distrl.weights import DirectoryPublisher
     from learn.learner import Learner
 
     run_dir = tmp_path / "run"
@@ -289,7 +289,7 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()
-    publisher = WeightPublisher()
+    publisher = DirectoryPublisher(run_dir / "weights")
     try:
         with BufferClient(server.address, "test", timeout_s=10.0) as c:
             g = torch.Generator().manual_seed(2)
@@ -297,8 +297,8 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
             c.put_many([_with_truncated(groups[0], {3})] + groups[1:])  # 1 of the 16 completions truncated
         cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_steps=2, batch_size=2, group_size=4,
                           max_staleness=1, max_new_tokens=8, learning_rate=1e-2, truncation="mask")
-        lrn = Learner(cfg, 0, 1, server.address, tiny, publisher, DirectoryTransport(run_dir / "weights"),
-                      tb_dir=str(run_dir / "tb" / "learner0"), run_dir=run_dir)
+        lrn = Learner(cfg, 0, 1, server.address, tiny, publisher, tb_dir=str(run_dir / "tb" / "learner0"),
+                      run_dir=run_dir)
         assert lrn.run()["version"] == 2
         lrn.close()
     finally:
