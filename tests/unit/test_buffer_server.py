@@ -422,3 +422,21 @@ def test_a_failed_commit_ends_the_server_whatever_request_follows(tmp_path, monk
             assert actor.poll(200) == 0  # nothing acknowledged, nothing handed out
         finally:
             server.close()
+
+
+def test_build_buffer_closes_what_it_opened_when_a_later_step_fails(tmp_path):
+    """A corrupt log found after the endpoint is bound: the error propagates and the port is free again."""
+    source = tmp_path / "source"
+    (source / "segments").mkdir(parents=True)
+    other = pa.table({"sample_id": ["a"]})  # a segment of another schema: restore_store raises ValueError
+    with pa.ipc.new_stream(str(source / "segments" / "segment-00000.arrow"), other.schema) as writer:
+        writer.write_table(other)
+    with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as probe:
+        port = probe.bind_to_random_port("tcp://127.0.0.1")
+        probe.unbind(f"tcp://127.0.0.1:{port}")
+        with pytest.raises(ValueError):  # reading the log, after binding
+            new_server(tmp_path / "run", f"tcp://127.0.0.1:{port}", replay_from=source)
+        probe.bind(f"tcp://127.0.0.1:{port}")  # the failed build's socket is closed
+    with new_server(tmp_path / "ok") as server:  # and the happy path closes everything on exit
+        assert server.address.startswith("tcp://127.0.0.1:")
+    assert server._closed and server._sock.closed and server.endpoint._closed
