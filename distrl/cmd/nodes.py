@@ -247,6 +247,19 @@ class NodePlan:
     hosts: dict
     dist_address: str | None = None
     gatherer: Gatherer | None = None
+    apart: dict = None  # role -> node id, for roles on nodes that do not see the driver's run directory
+
+    def where(self, role: str, fn, *args):
+        """``fn(*args)`` run where role ``role``'s files are: here, or in a Ray task pinned to its node when that
+        node does not see the driver's run directory (e.g. the buffer's segment log, learner 0's checkpoints)."""
+        if not self.apart or role not in self.apart:
+            return fn(*args)
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0)(fn).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self.apart[role], soft=False))
+        return ray.get(task.remote(*args), timeout=120)
 
 
 def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
@@ -292,4 +305,5 @@ def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
             apart.setdefault(nodes[role], []).append(role)
     return NodePlan(cfg, {r: dataclasses.replace(cfg, host=views[nodes[r]].ip) for r in roles}, model_dirs,
                     {r: views[nodes[r]].ip for r in roles}, f"tcp://{learner.ip}:{learner.ports[0]}",
-                    Gatherer(run_dir, apart) if apart else None)
+                    Gatherer(run_dir, apart) if apart else None,
+                    {r: node for node, rs in apart.items() for r in rs})

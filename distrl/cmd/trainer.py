@@ -194,7 +194,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
-        plan.role_cfg["buffer0"], str(run_dir), _checkpoint_version(run_dir) if cfg.resume else None)
+        plan.role_cfg["buffer0"], str(run_dir),
+        plan.where("learner0", _checkpoint_version, run_dir) if cfg.resume else None)  # learner 0's node
     run.buffer_address = ray.get(run.buffer.address.remote())
     run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
     run.buffer_ref = run.buffer.serve.remote()
@@ -278,6 +279,7 @@ def train(cfg: TrainConfig) -> dict:
     import ray
 
     from buffer.client import BufferClient
+    from buffer.segments import groups_by_actor
 
     began = time.time()  # the whole command, warm start included (report's wall_s)
     cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
@@ -299,6 +301,7 @@ def train(cfg: TrainConfig) -> dict:
         buffer_stats = ray.get(run.buffer_ref, timeout=60)
         ray.get(closed, timeout=60)
         _gather(run)
+        logged = run.plan.where("buffer0", groups_by_actor, run_dir)  # the segment log stays on the buffer's node
     except PreflightError:  # the placement makes a flag unworkable (distrl.cmd.nodes): no role started
         if not cfg.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -314,7 +317,7 @@ def train(cfg: TrainConfig) -> dict:
         raise
     finally:
         _stop(run, owns_ray)
-    summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats)
+    summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats, logged)
     summary["hosts"] = run.hosts
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
@@ -323,12 +326,11 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _summary(run_dir: Path, began: float, start: float, gpu_ids: dict, learner_results: list,
-             actor_results: list, buffer_stats: dict) -> dict:
+             actor_results: list, buffer_stats: dict, logged: dict[int, int]) -> dict:
     """summary.json: versions, wall times, GPU ids, each role's groups as the segment log counts them."""
-    from buffer.segments import groups_by_actor
     from distrl.cmd.report import reward_series
 
-    logged = groups_by_actor(run_dir)  # groups per role: the log's, not a counter a restarted process reset
+    # logged: groups per role, the segment log's (not a counter a restarted process reset)
     generated = [r.get("generated") for r in learner_results]  # --learner_generates
     return {"run_dir": str(run_dir), "versions": learner_results[0]["version"], "wall_s": time.time() - began,
             "train_wall_s": time.time() - start, "gpu_ids": gpu_ids,
