@@ -10,8 +10,10 @@ on it again and again. The driver alternates the two workers step by step (old, 
 change in the machine's load hits both alike; a step's cost is the worker's process CPU time
 (``time.process_time``: every thread of the process, user + system) across the call, after ``--warmup``
 steps each. It prints both trees' medians and the ratio new/old, then one JSON line, also written to
-``bench/results/train_step_cpu.json``. The workers also report their losses and a hash of the parameters
-after the last step: ``identical`` says whether the two trees computed the same numbers bit for bit.
+``bench/results/train_step_cpu.json``. It also times the batch assembly alone (the shard's totals and its
+micro-batch tensors: ``prepare`` + ``collate``; at 944c626 after ``to_pylist``). The workers also report
+their losses and a hash of the parameters after the last step: ``identical`` says whether the two trees
+computed the same numbers bit for bit.
 
     git archive 944c626 | (mkdir -p /tmp/wt944 && tar -x -C /tmp/wt944)
     .venv/bin/python bench/train_step_cpu.py --old_tree /tmp/wt944 --reps 15
@@ -33,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS, GROUP_SIZE, MAX_NEW_TOKENS = 32, 8, 5
+BUILDS = 20  # batch assemblies per "build" measurement
 TAG = "@@"  # prefix of the worker's protocol lines on stdout (libraries may print other lines)
 
 
@@ -65,6 +68,7 @@ def demo_rows(seed: int = 0) -> list[dict]:
 def worker(args: argparse.Namespace) -> None:
     """Serve steps on stdin: ``step`` -> one train_step and its CPU seconds; ``done`` -> the numbers."""
     import hashlib
+    import importlib.util
 
     # only PYTHONPATH's tree: not the editable install's finder (it imports /work/main's packages whatever
     # PYTHONPATH says), not bench/ (its buffer.py would shadow the buffer package)
@@ -87,12 +91,26 @@ def worker(args: argparse.Namespace) -> None:
                       max_new_tokens=MAX_NEW_TOKENS, max_steps=10_000, torch_threads=args.torch_threads)
     learner = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", args.model)  # the buffer is never contacted
     table = table_from_rows(demo_rows())
+    if importlib.util.find_spec("learn.batch") is None:  # 944c626: Python rows, then one tensor per row
+        def build():
+            rows = table.to_pylist()
+            learn.learner.collate(rows, learner.pad_id, learner.prepare(rows)[1])
+    else:
+        from learn.batch import collate
+
+        def build():
+            collate(table, learner.pad_id, learner.prepare(table)[1])
     print(TAG, json.dumps({"ready": learn.learner.__file__}), flush=True)
     losses = []
     for line in sys.stdin:
-        if line.strip() != "step":
+        if line.strip() not in ("step", "build"):
             break
         t0 = time.process_time()
+        if line.strip() == "build":
+            for _ in range(BUILDS):
+                build()
+            print(TAG, json.dumps({"cpu_s": (time.process_time() - t0) / BUILDS}), flush=True)
+            continue
         stats = learner.train_step(table)
         cpu_s = time.process_time() - t0
         losses.append(stats["learner/loss"])
@@ -124,8 +142,8 @@ class Worker:
         self.log.seek(0)
         raise RuntimeError(f"the worker for {self.tree} exited with {self.proc.wait()}: {self.log.read()[-3000:]}")
 
-    def step(self) -> float:
-        self.proc.stdin.write("step\n")
+    def step(self, what: str = "step") -> float:
+        self.proc.stdin.write(f"{what}\n")
         self.proc.stdin.flush()
         return self.read()["cpu_s"]
 
@@ -165,6 +183,11 @@ def main() -> None:
             cpu_s = w.step()
             if i >= args.warmup:
                 w.cpu_s.append(cpu_s)
+    builds = {id(old): [], id(new): []}
+    for i in range(args.reps):
+        for w in (old, new) if i % 2 == 0 else (new, old):
+            builds[id(w)].append(w.step("build"))
+    old_build, new_build = statistics.median(builds[id(old)]), statistics.median(builds[id(new)])
     old_end, new_end = old.finish(), new.finish()
     old_med, new_med = statistics.median(old.cpu_s), statistics.median(new.cpu_s)
     result = {
@@ -177,12 +200,16 @@ def main() -> None:
         "old_cpu_s_median": round(old_med, 4), "new_cpu_s_median": round(new_med, 4),
         "old_cpu_s_min": round(min(old.cpu_s), 4), "new_cpu_s_min": round(min(new.cpu_s), 4),
         "ratio_new_over_old": round(new_med / old_med, 4),
+        "old_build_cpu_s_median": round(old_build, 5), "new_build_cpu_s_median": round(new_build, 5),
+        "build_ratio_new_over_old": round(new_build / old_build, 4),
         "identical": old_end == new_end, "params_sha256": new_end["params_sha256"][:16],
         "old_cpu_s": [round(x, 4) for x in old.cpu_s], "new_cpu_s": [round(x, 4) for x in new.cpu_s],
     }
     print(f"train_step CPU s (median of {args.reps}): {args.old_commit} {old_med:.4f}, this tree "
           f"{new_med:.4f}; ratio new/old {new_med / old_med:.3f}; losses and parameters identical: "
           f"{result['identical']}")
+    print(f"batch assembly alone (prepare + collate, {BUILDS} per sample) CPU s: {args.old_commit} {old_build:.5f}, "
+          f"this tree {new_build:.5f}; ratio {new_build / old_build:.3f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result) + "\n")
     print(json.dumps(result))
