@@ -68,8 +68,9 @@ class Placement:
 
         index, bundle = self.bundles[role]
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
-        resources = {k: v for k, v in bundle.items() if k != "GPU"}
+        resources = {k: v for k, v in bundle.items() if k not in ("GPU", "CPU")}  # Ray takes those two apart
         return {"num_gpus": bundle.get("GPU", 0), "scheduling_strategy": strategy,
+                **({"num_cpus": bundle["CPU"]} if "CPU" in bundle else {}),
                 **({"resources": resources} if resources else {})}
 
     def release(self) -> None:
