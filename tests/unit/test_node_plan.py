@@ -72,3 +72,13 @@ def test_model_manifest_names_files_and_sizes(tmp_path):
     (tmp_path / "sub" / "w.bin").write_bytes(b"1234")
     assert model_manifest(str(tmp_path)) == {"config.json": 2, "sub/w.bin": 4}
     assert model_manifest("HuggingFaceTB/SmolLM2-135M") is None  # a hub id: each node loads it itself
+
+
+def test_role_options_carry_the_bundle_and_pin_roles_without_one():
+    from distrl.cmd.placement import Placement
+
+    placement = Placement(0.0, 0.0, group=object(), bundles={"actor0": (1, {"CPU": 1.0, "node2": 1.0})}, home="ab" * 28)
+    options = placement.options("actor0")
+    assert (options["num_gpus"], options["num_cpus"], options["resources"]) == (0.0, 1.0, {"node2": 1.0})
+    assert options["scheduling_strategy"].placement_group_bundle_index == 1
+    assert placement.options("buffer0")["scheduling_strategy"].node_id == "ab" * 28  # no bundle: the driver's node
