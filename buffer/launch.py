@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from buffer.assemble import build_buffer
+from distrl.core.heap import steady_heap
 from distrl.core.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
@@ -28,6 +29,7 @@ def run(cfg) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True,
                         handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "logs" / "buffer.log")])
+    steady_heap()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -13,6 +13,7 @@ from pathlib import Path
 from distrl.cmd.assemble import build_actor, build_learner, resolve_model, set_torch_threads
 from distrl.cmd.config import LearnConfig, RolloutConfig, TrainConfig
 from distrl.cmd.faults import read_role_file, write_role_file
+from distrl.core.heap import steady_heap
 from distrl.core.logs import setup_logging
 
 log = logging.getLogger("distrl.cmd.launch")
@@ -24,6 +25,7 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / f"config.{role}.json").write_text(cfg.to_json())
     setup_logging(run_dir / "logs" / f"{role}.log")
+    steady_heap()
     set_torch_threads(cfg.torch_threads)
     return run_dir, resolve_model(cfg.model, run_dir, cfg.seed)
 

@@ -12,7 +12,15 @@ from pathlib import Path
 from distrl.cmd.assemble import build_actor, build_learner, cuda_available, set_torch_threads
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.faults import write_role_file
+from distrl.core.heap import steady_heap
 from distrl.core.logs import role_logging
+
+
+def begin_role(run_dir: str, name: str) -> None:
+    """First steps of every role process: its role file, its log file, a steady C heap (distrl.core.heap)."""
+    write_role_file(run_dir, name)
+    role_logging(Path(run_dir) / "logs" / f"{name}.log")
+    steady_heap()
 
 
 class BufferRole:
@@ -21,8 +29,7 @@ class BufferRole:
     def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None):
         from buffer.assemble import build_buffer
 
-        write_role_file(run_dir, "buffer0")
-        role_logging(Path(run_dir) / "logs" / "buffer0.log")
+        begin_role(run_dir, "buffer0")
         self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
                                    resume_version=resume_version)
 
@@ -47,8 +54,7 @@ class LearnerRole:
 
     def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
                  dist_address: str):
-        write_role_file(run_dir, f"learner{rank}")
-        role_logging(Path(run_dir) / "logs" / f"learner{rank}.log")
+        begin_role(run_dir, f"learner{rank}")
         set_torch_threads(cfg.torch_threads)
         if cfg.number_of_learners > 1:
             import torch.distributed as dist
@@ -87,8 +93,7 @@ class RolloutRole:
     def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
         import ray
 
-        write_role_file(run_dir, f"actor{actor_id}")
-        role_logging(Path(run_dir) / "logs" / f"actor{actor_id}.log")
+        begin_role(run_dir, f"actor{actor_id}")
         set_torch_threads(cfg.torch_threads)
         rejoin = ray.get_runtime_context().was_current_actor_reconstructed  # restarted by Ray
         if rejoin:
