@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "pack"]
+__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "micro_batches", "pack"]
 
 
 @dataclass
@@ -82,6 +82,29 @@ def _cells(lengths: np.ndarray, first: np.ndarray | int = 0) -> tuple[np.ndarray
     rows = np.repeat(np.arange(len(lengths)), lengths)
     starts = np.cumsum(lengths) - lengths  # (b,) flat index of each row's first value
     return rows, np.arange(len(rows)) - starts[rows] + (np.repeat(first, lengths) if np.ndim(first) else first)
+
+
+def micro_batches(table: pa.Table, chunk_size: Optional[int], chunk_tokens: int) -> list[tuple[int, int]]:
+    """The micro-batches of ``table`` as (start, stop) row ranges, in order, covering every row once.
+
+    ``chunk_size`` given: ranges of that many rows (the last may be shorter). Else by token budget: a row
+    joins the current range while (rows + 1) x the range's widest row stays <= ``chunk_tokens``, the width
+    of a row being its prompt + completion tokens minus one (the padded width :func:`collate` gives it); a
+    row wider than the budget forms a range alone. Raises ValueError if the size or budget is < 1.
+    """
+    if (chunk_size is not None and chunk_size < 1) or chunk_tokens < 1:
+        raise ValueError(f"chunk_size and chunk_tokens must be >= 1, got {chunk_size} and {chunk_tokens}")
+    b = table.num_rows
+    if chunk_size is not None:
+        return [(start, min(start + chunk_size, b)) for start in range(0, b, chunk_size)]
+    widths = (list_lengths(table, "prompt_ids") + list_lengths(table, "completion_ids") - 1).tolist()
+    ranges, start, widest = [], 0, 0
+    for i, width in enumerate(widths):
+        widest = max(widest, width)
+        if i > start and (i - start + 1) * widest > chunk_tokens:
+            ranges.append((start, i))
+            start, widest = i, width
+    return ranges + [(start, b)] if b else ranges
 
 
 def collate(table: pa.Table, pad_id: int, advantages: Optional[np.ndarray] = None) -> MicroBatch:

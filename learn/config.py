@@ -69,8 +69,16 @@ class LearnOptions:
     """Policy versions to produce (one optimizer step of the learner group each)."""
     learning_rate: float = 1e-5
     """AdamW learning rate."""
-    learner_chunk_size: int = 8
-    """Completions per forward/backward micro-batch (gradient accumulation; equals the full-batch step)."""
+    learner_chunk_tokens: int = 32768
+    """Token budget of a forward/backward micro-batch (gradient accumulation; equals the full-batch step): rows
+    join a micro-batch, in order, while rows x the longest row's length (prompt + completion, the padded
+    width) stays within it; a row longer than the budget is a micro-batch alone. 32768 puts SmolLM2's 32 x 8
+    completions of ~65 tokens in one micro-batch (8 micro-batches of 8 were bound by kernel launches: 3.7 s
+    a version against 0.4 s, docs/real_workload.md). Lower it if activations overflow the device's memory.
+    Ignored when --learner_chunk_size is given."""
+    learner_chunk_size: Optional[int] = None
+    """Completions per forward/backward micro-batch, a fixed count that wins over --learner_chunk_tokens when
+    given (unset: micro-batches by --learner_chunk_tokens)."""
     learner_pack_tokens: int = 0
     """Sequence packing: lay each micro-batch's sequences end to end in rows of at most this many tokens
     (position ids restart per sequence, attention stays inside it), so no compute goes to padding;
@@ -168,7 +176,8 @@ class LearnOptions:
 
     def check(self) -> None:
         """Raise ValueError naming the first bad learner option."""
-        for name in ("number_of_learners", "max_steps", "learner_chunk_size", "learner_head_chunk_tokens",
+        for name in ("number_of_learners", "max_steps", "learner_chunk_size", "learner_chunk_tokens",
+                     "learner_head_chunk_tokens",
                      "loss_norm_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")

@@ -6,7 +6,8 @@ of the buffer's one selection for version V and then, per version:
 1. all-reduces the batch totals (tokens, completions, reward sum, completions with a non-zero
    advantage), which fix the loss normalizers of the whole version (``learn.losses.Normalizer``) and
    the running-mean baseline, identically on every rank;
-2. accumulates gradients over micro-batches of ``--learner_chunk_size`` completions (each micro-batch's
+2. accumulates gradients over micro-batches of ``--learner_chunk_tokens`` padded tokens (or of
+   ``--learner_chunk_size`` completions, when given; each micro-batch's
    loss is its share of the global loss, so the sum equals the full-batch step, for every aggregation);
 3. sums gradients across learners (``learn.distributed``), clips them to ``--max_grad_norm``, steps
    AdamW and the learning-rate schedule (``learn.optim``);
@@ -43,7 +44,7 @@ import torch
 
 from distrl.core.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
-from learn.batch import MicroBatch, collate, list_lengths, pack
+from learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
@@ -218,14 +219,15 @@ class Learner:
         return pc.not_equal(table.column("finish_reason"), "length").to_numpy()
 
     def accumulate(self, table: pa.Table, advantages: np.ndarray, norm: Normalizer) -> list[dict]:
-        """Forward/backward over micro-batches of ``learner_chunk_size`` rows of ``table`` (``advantages``:
+        """Forward/backward over the micro-batches of ``table`` (:func:`learn.batch.micro_batches`: by
+        ``--learner_chunk_tokens``, or ``--learner_chunk_size`` rows when given; ``advantages``:
         (b,), one per row); gradients accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
         keep = self.in_loss(table)
         if not keep.all():
             table, advantages = table.filter(pa.array(keep)), advantages[keep]
-        parts, chunk = [], self.cfg.learner_chunk_size
-        for start in range(0, table.num_rows, chunk):
-            mb = collate(table.slice(start, chunk), self.pad_id, advantages[start:start + chunk])
+        parts = []
+        for start, stop in micro_batches(table, self.cfg.learner_chunk_size, self.cfg.learner_chunk_tokens):
+            mb = collate(table.slice(start, stop - start), self.pad_id, advantages[start:stop])
             if self.cfg.learner_pack_tokens:
                 mb = pack(mb, self.pad_id, self.cfg.learner_pack_tokens)
             mb = mb.to(self.device)
