@@ -11,7 +11,8 @@ of the buffer's one selection for version V and then, per version:
    loss is its share of the global loss, so the sum equals the full-batch step, for every aggregation);
 3. sums gradients across learners (``learn.distributed``), clips them to ``--max_grad_norm``, steps
    AdamW and the learning-rate schedule (``learn.optim``);
-4. rank 0 saves the weights as version V+1 and announces them (format ``lora`` or ``full``).
+4. rank 0 saves the weights as version V+1 and announces them (format ``lora`` or ``full``; with
+   ``--number_of_actors 0`` nothing subscribes, and only the last version is published).
 
 Zero-variance groups have all-zero advantages and contribute exactly zero to the policy term (no NaN:
 ``distrl.core.advantages`` returns exact zeros). When the WHOLE version's batch (all ranks) has zero
@@ -264,6 +265,12 @@ class Learner:
             stats["learner/baseline"] = self.baseline.value
         return stats
 
+    @property
+    def subscribed(self) -> bool:
+        """Whether any actor takes each version's weights: not with --number_of_actors 0 (--learner_generates
+        alone, whose generator uses this learner's model object); then only the last version is published."""
+        return getattr(self.cfg, "number_of_actors", 1) > 0
+
     def _publish(self) -> None:
         t0 = time.perf_counter()
         self.publisher.publish(self.version, self.model)
@@ -307,7 +314,7 @@ class Learner:
             if torch.cuda.is_available():  # the most GPU memory torch's allocator held so far, GiB
                 stats["learner/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             self.version += 1
-            if self.rank == 0:
+            if self.rank == 0 and (self.subscribed or self.version == self.cfg.max_steps):
                 self._publish()
             self._checkpoint()
             now = time.perf_counter()

@@ -172,4 +172,5 @@ def test_learner_generates_without_actors_from_a_yaml_config(tmp_path):
     ea = EventAccumulator(str(run_dir / "tb" / "learner0"), size_guidance={"scalars": 0})
     ea.Reload()
     assert [e.step for e in ea.Scalars("learner/policy_version")] == [1, 2, 3]
+    assert [e.step for e in ea.Scalars("learner/weight_publish_s")] == [3]  # no subscriber: the last version only
     assert max(e.value for e in ea.Scalars("learner/logprob_mismatch_max_abs")) < 1e-3
