@@ -98,8 +98,9 @@ class _TrainOptions:
     without answering the driver) before it counts as stuck: a stuck actor is restarted, a stuck learner
     or buffer ends the run with an error naming it (docs/faults.md); 0 turns the watchdog off."""
     max_actor_restarts: int = 3
-    """`distrl train`: times Ray restarts each rollout actor after its process dies or is found stuck
-    (it rejoins with the latest weights, after the prompts its logged groups used)."""
+    """`distrl train`: times Ray restarts each rollout actor after its process dies, is found stuck or its
+    node is lost (it rejoins with the latest weights, after the prompts its logged groups used); after
+    that the actor is gone and the run goes on with the others (docs/faults.md)."""
     ray_address: Optional[str] = None
     """`distrl train`: address of an existing Ray cluster to join (`ray.init(address=...)`, e.g.
     `auto` or `10.0.0.1:6379`); unset: start a local one (or use the one this process already started)."""

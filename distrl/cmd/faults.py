@@ -151,25 +151,23 @@ class Watchdog:
 # ---- `distrl train`: what the driver does about a stuck role or an early end -------------------
 
 
-def watch_roles(cfg, run_dir: Path, buffer_address: str, roles: dict):  # cfg: distrl.cmd.config.TrainConfig
+def watch_roles(cfg, run_dir: Path, buffer_address: str, handles: dict, running):  # cfg: a TrainConfig
     """(Watchdog, watch) for `distrl.cmd.trainer._wait_all`, or (None, None) with --heartbeat_timeout_s 0.
 
-    ``roles``: name -> (Ray handle, run ref). ``watch()`` logs every stuck role by name and kills it
-    (:func:`kill_role`): Ray restarts a stuck actor; a stuck learner or buffer raises RoleStuck.
+    ``handles``: name -> Ray handle; ``running()``: the names of the roles whose run call is in flight.
+    ``watch()`` logs every stuck role by name and kills it (:func:`kill_role`): Ray restarts a stuck actor
+    (distrl.cmd.actor_runs); a stuck learner or buffer raises RoleStuck.
     """
-    import ray
-
     if not cfg.heartbeat_timeout_s:
         return None, None
     dog = Watchdog(buffer_address, run_dir, cfg.heartbeat_timeout_s)
 
     def watch() -> None:
-        running = [name for name, (_, ref) in roles.items() if not ray.wait([ref], timeout=0)[0]]
-        for name, message in dog.check(running):
+        for name, message in dog.check(running()):
             actor = name.startswith("actor")
             log.error("%s: %s", message, f"restarting it (at most --max_actor_restarts {cfg.max_actor_restarts} "
                       "times)" if actor else "ending the run")
-            kill_role(roles[name][0], read_role_file(run_dir, name))  # an actor: Ray starts it again
+            kill_role(handles[name], read_role_file(run_dir, name))  # an actor: Ray starts it again
             if not actor:
                 raise RoleStuck(message)
             dog.restarted(name)
@@ -179,15 +177,16 @@ def watch_roles(cfg, run_dir: Path, buffer_address: str, roles: dict):  # cfg: d
 
 def kill_role(handle, info: dict | None) -> None:
     """SIGKILL a role's process by pid when it runs on this host (a frozen process cannot exit by
-    itself), else ask Ray to kill it; Ray restarts an actor that has restarts left."""
+    itself), else (or when that pid is gone: e.g. its node was lost and Ray cannot place it again) ask Ray
+    to kill it; Ray restarts an actor that has restarts left."""
     import ray
 
     if info is not None and info["host"] == socket.gethostname():
         try:
             os.kill(info["pid"], signal.SIGKILL)
+            return
         except ProcessLookupError:
             pass
-        return
     ray.kill(handle, no_restart=False)
 
 

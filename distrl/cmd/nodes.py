@@ -128,11 +128,16 @@ class ModelFiles:
     def __init__(self, model_dir: str):
         import ray
 
-        self.source = model_dir
+        self.source, self.manifest = model_dir, model_manifest(model_dir)
         self.files: dict[str, list] = {}
-        for rel in model_manifest(model_dir) or {}:
+        for rel in self.manifest or {}:
             with open(Path(model_dir) / rel, "rb") as f:
                 self.files[rel] = [ray.put(chunk) for chunk in iter(lambda: f.read(CHUNK_BYTES), b"")]
+
+    def here(self, run_dir: str | Path) -> str:
+        """The model on the calling node: ``source`` when this node has it (same file names and sizes, e.g. an
+        actor that Ray restarted on the driver's node after its own node was lost), else :meth:`local_dir`."""
+        return self.source if model_manifest(self.source) == self.manifest else self.local_dir(run_dir)
 
     def local_dir(self, run_dir: str | Path) -> str:
         """The model on this node: written once under the run directory's path here (``source`` itself when
@@ -209,8 +214,9 @@ class Gatherer:
 
         self.last = time.time()
         task = ray.remote(num_cpus=0)(read_outputs)
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}  # a lost node's outputs: what was copied
         refs = {node: task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-                    str(self.run_dir), globs, self.known[node]) for node, globs in self.globs.items()}
+                    str(self.run_dir), globs, self.known[node]) for node, globs in self.globs.items() if node in alive}
         for node, ref in refs.items():
             try:
                 files = ray.get(ref, timeout=timeout_s)
@@ -237,8 +243,9 @@ class NodePlan:
     """What the driver hands each role once the placement is known (:func:`plan_nodes`).
 
     ``cfg``: the run's config with its weight transport settled; ``role_cfg``: role -> its config (``host``:
-    the address it binds); ``model_dirs``: role -> where it loads the base model on its node; ``hosts``:
-    role -> its node's address; ``dist_address``: the learners' process group (None: the driver's host);
+    the address it binds); ``model_dirs``: role -> its base model: a directory, or for a role on a node that
+    lacks it the :class:`ModelFiles` (the role calls :meth:`ModelFiles.here` where it runs); ``hosts``: role
+    -> its node's address; ``dist_address``: the learners' process group (None: the driver's host);
     ``gatherer``: copies the outputs of roles on nodes without the driver's run directory (None: none such)."""
 
     cfg: object
@@ -298,7 +305,7 @@ def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
             received[node] = ray.get(task.remote(shipped, str(run_dir)))
             log.info("model %s shipped to node %s: %s", model_dir, views[node].ip, received[node])
-        model_dirs[role] = received[node]
+        model_dirs[role] = shipped  # the role finds it on its node (ModelFiles.here), wherever Ray restarts it
     apart: dict[str, list[str]] = {}
     for role in roles:
         if not views[nodes[role]].shares_run_dir:

@@ -62,6 +62,7 @@ class LearnerRole:
             dist.init_process_group("nccl" if cuda_available() else "gloo", init_method=dist_address, rank=rank,
                                     world_size=cfg.number_of_learners)
         bind = f"tcp://{cfg.host}:0"
+        model_dir = model_dir if isinstance(model_dir, str) else model_dir.here(run_dir)  # nodes.ModelFiles
         self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer_address,
                                    weights_bind=(bind, bind), resume=bool(cfg.resume))
 
@@ -99,6 +100,7 @@ class RolloutRole:
         if rejoin:
             logging.getLogger("distrl.actor").warning("actor%d: restarted (pid %d): rejoining the run",
                                                       actor_id, os.getpid())
+        model_dir = model_dir if isinstance(model_dir, str) else model_dir.here(run_dir)  # nodes.ModelFiles
         self.parts = build_actor(cfg, actor_id, endpoints, model_dir, run_dir, rejoin=rejoin)
 
     def accelerator_ids(self) -> list[str]:
@@ -109,7 +111,7 @@ class RolloutRole:
 
     def run(self) -> dict:
         try:
-            return self.parts.run()
+            return {**self.parts.run(), "host": node_address()}  # where it finished (Ray may have moved it)
         finally:
             self.parts.close()
 

@@ -10,10 +10,11 @@ The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (
 Any role that raises ends the run: after shutting the others down the driver raises its error as
 `faults.RoleFailed` (the message, the last frames, its log file). Roles log to `<run_dir>/logs/<role>.log`
 only (`distrl.core.logs`); the terminal shows the driver's start-up lines and its live view or progress lines.
-Faults (docs/faults.md): Ray restarts a dead rollout actor (--max_actor_restarts), which rejoins; a
-watchdog reads the buffer's last-seen times and restarts a stuck actor or ends the run on a stuck
-learner or buffer (--heartbeat_timeout_s); SIGINT/SIGTERM flush the buffer, write summary.json
-saying so and stop every process (exit 130/143).
+Faults (docs/faults.md): Ray restarts a dead rollout actor (--max_actor_restarts), on a node with room when
+its node is lost, and it rejoins; an actor whose restarts are used up is gone and the run goes on with the
+others (distrl.cmd.actor_runs); a watchdog reads the buffer's last-seen times and restarts a stuck actor
+or ends the run on a stuck learner or buffer (--heartbeat_timeout_s); SIGINT/SIGTERM flush the buffer,
+write summary.json saying so and stop every process (exit 130/143).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from distrl.cmd.actor_runs import ActorRuns
 from distrl.cmd.assemble import resolve_model
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.console import start_console
@@ -93,16 +95,20 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _wait_all(main_refs: list, side_refs: list, timeout_s: float | None = None, watch=None) -> list:
-    """Wait for `main_refs`; re-raise at once the error of any ref (main or side) that fails; call
-    `watch()` (the liveness check) every few seconds meanwhile."""
+def _wait_all(main_refs: list, side_refs: list, actors, timeout_s: float | None = None, watch=None) -> list:
+    """Wait for `main_refs` (empty: for every actor of `actors`, a distrl.cmd.actor_runs.ActorRuns, to finish or
+    be gone); re-raise at once the error of any ref that fails (an actor gone is no error: `actors.settle`);
+    call `watch()` (the liveness check) every few seconds meanwhile. Returns the results of `main_refs`."""
     import ray
 
-    pending, deadline = list(main_refs) + list(side_refs), None if timeout_s is None else time.time() + timeout_s
-    while any(r in pending for r in main_refs):
-        done, pending = ray.wait(pending, num_returns=1, timeout=5.0)
+    waiting, deadline = [*main_refs, *side_refs], None if timeout_s is None else time.time() + timeout_s
+    while any(r in waiting for r in main_refs) if main_refs else actors.running():
+        refs = waiting + actors.pending()
+        done = ray.wait(refs, num_returns=1, timeout=5.0)[0] if refs else time.sleep(1.0) or []
         for ref in done:
-            ray.get(ref)  # raises the role's exception
+            if not actors.settle(ref):
+                waiting.remove(ref)
+                ray.get(ref)  # raises the role's exception
         if watch is not None:
             watch()
         if deadline is not None and time.time() > deadline:
@@ -146,7 +152,7 @@ class _Run:
     learners: list = dataclasses.field(default_factory=list)
     actors: list = dataclasses.field(default_factory=list)
     learner_refs: list = dataclasses.field(default_factory=list)
-    actor_refs: list = dataclasses.field(default_factory=list)
+    actor_runs: object = None  # distrl.cmd.actor_runs.ActorRuns: the actors' run calls, results, those gone
     gpu_ids: dict = dataclasses.field(default_factory=dict)
     plan: object = None  # distrl.cmd.nodes.NodePlan: each role's node, address, model; the outputs gathered
     hosts: dict = dataclasses.field(default_factory=dict)  # role -> the address of its node, as it reported it
@@ -216,7 +222,9 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
              run.placement.gpus_per_learner, run.gpu_ids)
     run.hosts.update({name: ray.get(h.node_address.remote()) for name, h in run.handles().items() if name != "buffer0"})
     log.info("roles' addresses: %s; buffer %s, weights %s", run.hosts, run.buffer_address, pub)
-    run.actor_refs = [a.run.remote() for a in run.actors]
+    run.actor_runs = ActorRuns({f"actor{i}": a for i, a in enumerate(run.actors)},
+                               getattr(cfg, "learner_generates", False),
+                               unavailable_s=max(120.0, cfg.heartbeat_timeout_s))
     run.learner_refs = [lr.run.remote() for lr in run.learners]
 
 
@@ -255,6 +263,14 @@ def _gather(run: _Run) -> None:
             log.warning("gathering the roles' logs failed: %s", exc)
 
 
+def _running(run: _Run) -> list[str]:
+    """Names of the roles whose run call is in flight (the watchdog judges only those)."""
+    import ray
+
+    fixed = {"buffer0": run.buffer_ref, **{f"learner{r}": ref for r, ref in enumerate(run.learner_refs)}}
+    return [name for name, ref in fixed.items() if not ray.wait([ref], timeout=0)[0]] + run.actor_runs.running()
+
+
 def _stop(run: _Run, owns_ray: bool) -> None:
     """The live view, the watchdog, our roles (on a cluster we joined), the placement group, Ray."""
     import ray
@@ -288,12 +304,11 @@ def train(cfg: TrainConfig) -> dict:
     try:
         cfg = _place(cfg, run_dir, model_dir, run)
         _start_roles(cfg, run_dir, model_dir, run)
-        refs = dict(zip(run.handles(), [run.buffer_ref, *run.learner_refs, *run.actor_refs]))
-        run.watchdog, watch = watch_roles(cfg, run_dir, run.buffer_address,
-                                          {name: (h, refs[name]) for name, h in run.handles().items()})
+        run.watchdog, watch = watch_roles(cfg, run_dir, run.buffer_address, run.handles(), lambda: _running(run))
         watch = _with_gathering(watch, run.plan.gatherer)
-        learner_results = _wait_all(run.learner_refs, run.actor_refs + [run.buffer_ref], watch=watch)
-        actor_results = _wait_all(run.actor_refs, [run.buffer_ref], timeout_s=600, watch=watch)
+        learner_results = _wait_all(run.learner_refs, [run.buffer_ref], run.actor_runs, watch=watch)
+        _wait_all([], [run.buffer_ref], run.actor_runs, timeout_s=600, watch=watch)
+        actor_results = run.actor_runs.outcomes()
         closed = [learner.close.remote() for learner in run.learners]  # the actors have the final version
         client = BufferClient(run.buffer_address, "driver", timeout_s=10)
         client.shutdown()
@@ -368,7 +383,8 @@ def _print_summary(s: dict) -> None:
     print(f"  groups put: {s['buffer'].get('groups_put')}  evicted stale: {s['buffer'].get('evicted_stale')}  "
           f"duplicates: {s['buffer'].get('duplicates')}")
     for a in s["actors"]:
-        print(f"  actor{a['actor_id']}: {a['groups']} groups, last policy version {a['last_version']}")
+        print(f"  actor{a['actor_id']}: {a['groups']} groups, " + (f"gone ({a['gone']})" if a.get("gone") else
+                                                                   f"last policy version {a['last_version']}"))
     for g in s.get("learner_generated") or []:
         if g:
             print(f"  {g['name']} (--learner_generates): {g['groups']} groups in {g['generate_s']:.1f}s")

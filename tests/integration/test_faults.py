@@ -147,6 +147,28 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     assert table.column("policy_version")[rejoined * 4].as_py() >= 1
 
 
+def test_actor_with_no_restarts_left_is_gone_and_the_run_goes_on(tmp_path):
+    """distrl.cmd.actor_runs: the rule for a lost node, here for a process: actor1 killed with
+    --max_actor_restarts 0 is gone; actor0 carries the run to its last version."""
+    run_dir, log = tmp_path / "gone", tmp_path / "driver.out"
+    proc = start(["train", *TINY, "--max_steps", "4", "--number_of_actors", "2", "--max_actor_restarts", "0",
+                  "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
+    try:
+        wait_until(lambda: learner_version(run_dir) >= 1, 300, "learner version 1", proc, log)
+        os.kill(role(run_dir, "actor1")["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        stop_group(proc)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] == 4 and summary["actors"][0]["last_version"] == 4
+    assert summary["actors"][1]["gone"].startswith("ActorDiedError"), summary["actors"]
+    assert "actor1 is gone" in (run_dir / "logs" / "driver.log").read_text()
+    assert "actor1: " in log.read_text() and "gone (ActorDiedError" in log.read_text()  # the printed summary
+    logs = check_logs(run_dir)
+    assert summary["buffer"]["groups_put"] == len(logs["groups"]) == sum(a["groups"] for a in summary["actors"])
+    versions_never_go_backwards(logs["table"])
+
+
 @pytest.mark.slow
 def test_killed_learner_run_resumes_from_its_last_checkpoint(tmp_path):
     run_dir, log = tmp_path / "kill_learner", tmp_path / "driver.out"

@@ -125,11 +125,15 @@ def cluster(tmp_path_factory):
 
 
 def distrl_train(cluster: Cluster, run_name: str, *flags: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "distrl", "train", "--ray_address", cluster.address, "--model",
+    return subprocess.run(_train_args(cluster, run_name, *flags), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _train_args(cluster: Cluster, run_name: str, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "distrl", "train", "--ray_address", cluster.address, "--model",
             str(cluster.model_dir), "--task", "half_vocab", "--engine", "hf", "--batch_size", "4", "--group_size", "2",
             "--max_new_tokens", "8", "--torch_threads", "1", "--no_console", "--log_dir", str(cluster.log_dir),
             "--run_name", run_name, *flags]
-    return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
 
 
 def test_actors_on_node2_buffer_and_learner_on_node1(cluster):
@@ -168,6 +172,95 @@ def test_fs_transport_across_nodes_is_refused(cluster):
     assert len(errors) == 1 and "--weights_transport: fs reads" in errors[0] and NODE2 in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (cluster.log_dir / "fs-refused").exists()  # nothing started: the corrected command can reuse the name
+
+
+def test_node_loss_costs_only_its_in_flight_groups(cluster):
+    """Acceptance 2 (runs last: node 2 does not come back): one actor per node (SPREAD, a CPU each), node 2's
+    raylet SIGKILLed after learner version 3. Ray marks node 2 dead (~15 s), moves its bundle to node 1 (a CPU
+    free there) and restarts the actor there, which loads the model from node 1's own copy (ModelFiles.here);
+    meanwhile the run goes on with the other actor (distrl.cmd.actor_runs). The run finishes; the learner's
+    versions never go backwards; every acknowledged group is in the segment log exactly once and no actor's
+    policy versions go backwards in it."""
+    from buffer.segments import read_consumed, read_segments
+
+    run_dir, steps = cluster.log_dir / "node-loss", 10
+    proc = distrl_train_async(cluster, "node-loss", "--max_steps", str(steps), "--number_of_actors", "2",
+                              "--actor_resources", '{"CPU": 1}', "--placement_strategy", "SPREAD")
+    try:
+        while proc.poll() is None and max([r["learner_version"] for r in _consumed(run_dir)] or [0]) < 3:
+            time.sleep(0.5)
+        raylets = [pid for pid in _cluster_pids([str(cluster.temp2)]) if "raylet" in _cmdline(pid)]
+        assert proc.poll() is None and len(raylets) == 1, (proc.poll(), raylets)
+        node2 = _same_mounts(raylets[0])  # node 2's processes: its private mount namespace
+        os.kill(raylets[0], signal.SIGKILL)
+        for pid in node2:  # the machine is gone: a worker may outlive its raylet for a while, not a lost node
+            _kill(pid)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-6000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["versions"] == steps
+    lost = [name for name, host in summary["hosts"].items() if host == NODE2]
+    assert len(lost) == 1 and lost[0].startswith("actor"), summary["hosts"]
+    moved = summary["actors"][int(lost[0][len("actor"):])]  # restarted on node 1, where its bundle went
+    assert moved["host"] == cluster.node1 and moved["last_version"] == steps, summary["actors"]
+    assert "restarted" in (run_dir / "logs" / f"{lost[0]}.log").read_text()
+    versions = [r["learner_version"] for r in read_consumed(run_dir) if r["rank"] == 0]
+    assert versions == sorted(versions) and versions[-1] == steps - 1, versions  # selections for versions 0..9
+    table = read_segments(run_dir)
+    groups = table.column("group_id").to_pylist()
+    counts = {g: groups.count(g) for g in set(groups)}
+    assert set(counts.values()) == {2}, counts  # --group_size 2: no group logged twice, none cut
+    assert len(counts) == summary["buffer"]["groups_put"] == sum(a["groups"] for a in summary["actors"])
+    for actor in {0, 1}:
+        mine = [v for a, v in zip(table.column("actor_id").to_pylist(), table.column("policy_version").to_pylist())
+                if a == actor]
+        assert mine and mine == sorted(mine), (actor, mine)
+    print("node loss:", lost[0], summary["actors"], file=sys.stderr)
+
+
+def _consumed(run_dir: Path) -> list[dict]:
+    from buffer.segments import read_consumed
+
+    try:
+        return read_consumed(run_dir)
+    except ValueError:  # a line being written
+        return []
+
+
+def _same_mounts(pid: int) -> list[int]:
+    """Pids of the other processes in the mount namespace of ``pid`` (a node 2 process: its private one)."""
+    mine = os.readlink(f"/proc/{pid}/ns/mnt")
+    assert mine != os.readlink("/proc/self/ns/mnt"), "node 2 shares this test's mount namespace"
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != pid and os.readlink(proc / "ns" / "mnt") == mine:
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def distrl_train_async(cluster: Cluster, run_name: str, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(_train_args(cluster, run_name, *flags), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def scalar_steps(run_dir: Path, role: str, tag: str) -> list[int]:
