@@ -4,6 +4,7 @@ opened first, each part even when another's close raises, and also when the buil
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,24 @@ def test_a_builder_that_fails_closes_what_it_opened(tmp_path):
     with pytest.raises(OSError):
         build_learner(cfg, 0, 1, tmp_path, str(tmp_path / "no-model"), "tcp://127.0.0.1:9",
                       weights_bind=(pub, latest))
-    ctx = zmq.Context.instance()
     for address in (pub, latest):  # bindable again: the builder closed its sockets
-        sock = ctx.socket(zmq.ROUTER)
-        sock.linger = 0
-        sock.bind(address)
+        assert _bindable_soon(address), address
+
+
+def _bindable_soon(address: str, tries: int = 100) -> bool:
+    """Whether a socket can bind ``address`` within ``tries`` attempts 50 ms apart (ZeroMQ's I/O thread
+    unbinds a closed socket's port shortly after ``close`` returns; a port still held is never freed)."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    sock.linger = 0
+    try:
+        for _ in range(tries):
+            try:
+                sock.bind(address)
+                return True
+            except zmq.ZMQError:
+                time.sleep(0.05)
+        return False
+    finally:
         sock.close()
 
 
