@@ -48,7 +48,10 @@ class RolloutActor:
     sections of rollout/config.py and the shared ones of distrl/core/run_options.py.
     """
 
-    version: int = 0  # policy version served (set when it loads one; rollout.colocated reads its learner's)
+    @property
+    def version(self) -> int:
+        """The policy version this actor serves: its engine's, the one owner (rollout.colocated reads its learner's)."""
+        return self.engine.version
 
     def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
                  work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
@@ -131,16 +134,15 @@ class RolloutActor:
         ann = self.weights.poll() if target is None else target
         if ann.version <= self.version:
             return
-        t0 = time.perf_counter()
+        t0, served = time.perf_counter(), self.version
         try:
             ann = self.loader.load(ann, self.engine)  # what is now served (a broadcast may carry a newer one)
         except WeightError as exc:
             log.error("%s: refusing policy version %d (%s); still serving %d", self.name, ann.version, exc,
                       self.version)
             return
-        log.info("%s: switched from policy version %d to %d (%s, digest %s)", self.name, self.version,
+        log.info("%s: switched from policy version %d to %d (%s, digest %s)", self.name, served,
                  ann.version, ann.format, ann.digest[:12])
-        self.version = ann.version
         self.metrics.scalars({"actor/policy_version": ann.version, "actor/weight_load_s": time.perf_counter() - t0,
                               "actor/publish_to_serve_s": time.time() - ann.published_at,
                               "actor/weight_mb_fetched": self.loader.bytes_fetched / 2**20}, step=ann.version)
