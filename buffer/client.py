@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
-from buffer.security import apply_client_keys
+from buffer.security import apply_client_keys, connect_run_keys
 from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.wire import ErrorCode, Header, MsgType
@@ -80,7 +80,8 @@ class BufferClient:
             seconds without a reply).
         get_resend_s: seconds to wait for a GET's reply before re-sending it (at most ``timeout_s``).
         curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
-            client's secret key file (:mod:`buffer.security`); None for plain TCP.
+            client's secret key file (:mod:`buffer.security`); None: the process's run keys
+            (``buffer.security.use_run_keys``, `distrl train`), or plain TCP without them.
     Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
     an ERROR reply. ``resends`` counts requests sent again after a timeout.
     """
@@ -104,6 +105,8 @@ class BufferClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
             apply_client_keys(self._sock, *self._curve)
+        else:
+            connect_run_keys(self._sock, "buffer")
         self._sock.connect(self.address)
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,

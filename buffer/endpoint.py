@@ -12,7 +12,7 @@ import re
 
 import zmq
 
-from buffer.security import CurveServer
+from buffer.security import CurveServer, serve_run_keys
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ class Endpoint:
     Args:
         address: zmq endpoint, e.g. ``tcp://127.0.0.1:5555``; port 0 or ``*`` picks a free port.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
-        curve_secret_key, curve_client_keys: CURVE (:mod:`buffer.security`); None for plain TCP.
+        curve_secret_key, curve_client_keys: CURVE from key files (:mod:`buffer.security`); None: the process's
+            run keys (``buffer.security.use_run_keys``, `distrl train`), or plain TCP without them.
     Raises zmq.ZMQError (saying what to change) if the address cannot be bound; nothing stays open then.
     """
 
@@ -42,6 +43,8 @@ class Endpoint:
         try:
             if curve_secret_key is not None:
                 self._curve = CurveServer(self._ctx, curve_secret_key, curve_client_keys)
+            else:
+                self._curve = serve_run_keys(self._ctx, "buffer")
             self.socket = self._bind(address, max_msg_bytes)
         except BaseException:
             self._stop_context()

@@ -121,6 +121,11 @@ class _TrainOptions:
     host: str = "127.0.0.1"
     """Address the buffer and weight endpoints bind to when every role runs on the driver's node (loopback
     unless you need other hosts); when `distrl train`'s roles span Ray nodes, each binds on its node's address."""
+    auth: bool = True
+    """`distrl train`: when a role binds off loopback (roles on several nodes, or a --host that is not loopback),
+    the buffer and weight endpoints are CURVE-authenticated and encrypted with keys the driver makes for the run
+    and hands to the roles through Ray (never written to disk): a client without them gets no answer.
+    `--no_auth`: plain TCP (a network you trust). A one-host loopback run is plain TCP either way."""
     actor_resources: Optional[str] = None
     """`distrl train`: Ray resources each rollout actor asks for, as a JSON object, e.g. `{"node2": 1}` (a
     custom resource of `ray start --resources`): pins the actors to the nodes that have it (docs/multinode.md)."""
@@ -144,6 +149,10 @@ class _TrainOptions:
             raise ValueError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
         for role in ("actor", "learner", "buffer"):
             ray_resources(getattr(self, f"{role}_resources"), f"--{role}_resources")
+        for name in ("buffer_curve_server_key", "buffer_curve_client_key"):
+            if getattr(self, name, None) is not None:
+                raise ValueError(f"--{name} is for `distrl learn|rollout` against a `distrl buffer` with key files: "
+                                 "`distrl train` makes its run's CURVE keys itself (--no_auth turns them off)")
 
 
 def ray_resources(text: str | None, flag: str) -> dict[str, float]:

@@ -13,7 +13,8 @@ From that, :func:`settle_transport` picks the weight transport (``fs`` when lear
 run directory, else ``zmq``) or refuses a ``fs`` the user picked that cannot work; :class:`ModelFiles` ships
 a ``--model`` directory of the driver's node through Ray's object store to roles on nodes that lack it;
 :class:`Gatherer` copies what the roles on such nodes write (their logs, TensorBoard events, role files,
-actor 0's eval.jsonl) into the driver's run directory, periodically and at the end. No role ever reads a
+actor 0's eval.jsonl) into the driver's run directory, periodically and at the end; :func:`curve_keys` keys
+the run (CURVE) when a role binds off loopback. No role ever reads a
 file written on another node: each writes under the run directory's path *on its own node*, which is where
 its segments (buffer) and checkpoints (learner rank 0) stay.
 """
@@ -255,6 +256,7 @@ class NodePlan:
     dist_address: str | None = None
     gatherer: Gatherer | None = None
     apart: dict = None  # role -> node id, for roles on nodes that do not see the driver's run directory
+    keys: object = None  # buffer.security.RunKeys when the endpoints are authenticated (curve_keys), else None
 
     def where(self, role: str, fn, *args):
         """``fn(*args)`` run where role ``role``'s files are: here, or in a Ray task pinned to its node when that
@@ -269,12 +271,33 @@ class NodePlan:
         return ray.get(task.remote(*args), timeout=120)
 
 
+def loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is a loopback address (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def curve_keys(cfg, hosts: dict[str, str]):
+    """Fresh CURVE keys for the run (a buffer.security.RunKeys) when a role binds off loopback (``hosts``: role
+    -> the address it binds) and --auth is on (the default); None otherwise: plain TCP."""
+    from buffer.security import RunKeys
+
+    if not getattr(cfg, "auth", True) or all(loopback(host) for host in hosts.values()):
+        return None
+    return RunKeys.make()
+
+
 def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
     """The plan for ``placement`` (a distrl.cmd.placement.Placement with ``nodes`` and ``home``). On one node:
     nothing changes but an unset transport (``fs``). Across nodes: probe them, settle the transport
     (:func:`settle_transport`, may raise PreflightError), bind each role on its node's address, ship the
-    model to nodes that lack it, gather outputs from nodes that do not see the run directory. Rewrites
-    ``<run_dir>/config.json`` with the settled config."""
+    model to nodes that lack it, gather outputs from nodes that do not see the run directory. On any node: keys
+    for the endpoints when a role binds off loopback (:func:`curve_keys`). Rewrites ``<run_dir>/config.json``
+    with the settled config (never the keys)."""
     import dataclasses
 
     import ray
@@ -283,7 +306,9 @@ def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
     if not spans_nodes(nodes, placement.home):
         cfg = settle_transport(cfg, nodes, {})
         (run_dir / "config.json").write_text(cfg.to_json())
-        return NodePlan(cfg, dict.fromkeys(roles, cfg), dict.fromkeys(roles, model_dir), dict.fromkeys(roles, cfg.host))
+        hosts = dict.fromkeys(roles, cfg.host)
+        return NodePlan(cfg, dict.fromkeys(roles, cfg), dict.fromkeys(roles, model_dir), hosts,
+                        keys=curve_keys(cfg, hosts))
     views = probe_nodes(set(nodes.values()) | {placement.home}, run_dir, model_dir)
     cfg = settle_transport(cfg, nodes, views)
     learner = views[nodes["learner0"]]
@@ -310,7 +335,7 @@ def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
     for role in roles:
         if not views[nodes[role]].shares_run_dir:
             apart.setdefault(nodes[role], []).append(role)
+    hosts = {r: views[nodes[r]].ip for r in roles}
     return NodePlan(cfg, {r: dataclasses.replace(cfg, host=views[nodes[r]].ip) for r in roles}, model_dirs,
-                    {r: views[nodes[r]].ip for r in roles}, f"tcp://{learner.ip}:{learner.ports[0]}",
-                    Gatherer(run_dir, apart) if apart else None,
-                    {r: node for node, rs in apart.items() for r in rs})
+                    hosts, f"tcp://{learner.ip}:{learner.ports[0]}", Gatherer(run_dir, apart) if apart else None,
+                    {r: node for node, rs in apart.items() for r in rs}, curve_keys(cfg, hosts))

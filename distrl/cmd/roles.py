@@ -1,6 +1,7 @@
 """The Ray actor classes of `distrl train`'s roles: thin wrappers that build the plain classes in their own
 processes (`buffer.server.BufferServer`, `learn.learner.Learner` with its weight publisher,
-`rollout.actor.RolloutActor`), each logging to `<run_dir>/logs/<role>.log`.
+`rollout.actor.RolloutActor`), each logging to `<run_dir>/logs/<role>.log`. Each gets the run's CURVE keys
+(`buffer.security.RunKeys`, or None: plain TCP) as an argument from the driver, never from a file.
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ from distrl.core.heap import steady_heap
 from distrl.core.logs import role_logging
 
 
-def begin_role(run_dir: str, name: str) -> None:
-    """First steps of every role process: its role file, its log file, a steady C heap (distrl.core.heap)."""
+def begin_role(run_dir: str, name: str, keys=None) -> None:
+    """First steps of every role process: its role file, its log file, a steady C heap (distrl.core.heap), the
+    run's CURVE keys for every socket it makes (``keys``: a buffer.security.RunKeys, or None)."""
+    from buffer.security import use_run_keys
+
     write_role_file(run_dir, name)
     role_logging(Path(run_dir) / "logs" / f"{name}.log")
     steady_heap()
+    use_run_keys(keys)
+    if keys is not None:
+        logging.getLogger("distrl.cmd.roles").info("%s: CURVE on: sockets use the run's keys %r", name, keys)
 
 
 class BufferRole:
     """The buffer's Ray actor: a BufferServer on this node's --host; `serve` runs until SHUTDOWN."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None):
+    def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None, keys=None):
         from buffer.assemble import build_buffer
 
-        begin_role(run_dir, "buffer0")
+        begin_role(run_dir, "buffer0", keys)
         self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
                                    resume_version=resume_version)
 
@@ -53,8 +60,8 @@ class LearnerRole:
     are done (until then rank 0 serves the final version to them)."""
 
     def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
-                 dist_address: str):
-        begin_role(run_dir, f"learner{rank}")
+                 dist_address: str, keys=None):
+        begin_role(run_dir, f"learner{rank}", keys)
         set_torch_threads(cfg.torch_threads)
         if cfg.number_of_learners > 1:
             import torch.distributed as dist
@@ -91,10 +98,10 @@ class RolloutRole:
     """One rollout actor's Ray actor (distrl.cmd.assemble.build_actor); Ray restarts it
     (--max_actor_restarts) and it rejoins the run. ``run`` closes the actor however it ends."""
 
-    def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str):
+    def __init__(self, cfg: TrainConfig, actor_id: int, endpoints, model_dir: str, run_dir: str, keys=None):
         import ray
 
-        begin_role(run_dir, f"actor{actor_id}")
+        begin_role(run_dir, f"actor{actor_id}", keys)
         set_torch_threads(cfg.torch_threads)
         rejoin = ray.get_runtime_context().was_current_actor_reconstructed  # restarted by Ray
         if rejoin:

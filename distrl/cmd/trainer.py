@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from buffer.security import use_run_keys
 from distrl.cmd.actor_runs import ActorRuns
 from distrl.cmd.assemble import resolve_model
 from distrl.cmd.config import TrainConfig
@@ -201,7 +202,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
         plan.role_cfg["buffer0"], str(run_dir),
-        plan.where("learner0", _checkpoint_version, run_dir) if cfg.resume else None)  # learner 0's node
+        plan.where("learner0", _checkpoint_version, run_dir) if cfg.resume else None, plan.keys)  # learner 0's node
     run.buffer_address = ray.get(run.buffer.address.remote())
     run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
     run.buffer_ref = run.buffer.serve.remote()
@@ -209,13 +210,13 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     dist_address = plan.dist_address or f"tcp://{cfg.host}:{_free_port(cfg.host)}"
     run.learners = [LearnerRole.options(**run.placement.options(f"learner{r}")).remote(
                         plan.role_cfg[f"learner{r}"], r, run.buffer_address, plan.model_dirs[f"learner{r}"],
-                        str(run_dir), dist_address)
+                        str(run_dir), dist_address, plan.keys)
                     for r in range(cfg.number_of_learners)]
     pub, latest = ray.get(run.learners[0].weight_addresses.remote())
     endpoints = ActorEndpoints(run.buffer_address, pub, latest)
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
-                      plan.role_cfg[f"actor{i}"], i, endpoints, plan.model_dirs[f"actor{i}"], str(run_dir))
+                      plan.role_cfg[f"actor{i}"], i, endpoints, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
                   for i in range(cfg.number_of_actors)]
     run.gpu_ids = {name: ray.get(h.accelerator_ids.remote()) for name, h in run.handles().items() if name != "buffer0"}
     log.info("placement (GPUs per actor %g, per learner %g): %s", run.placement.gpus_per_actor,
@@ -235,6 +236,8 @@ def _place(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> TrainC
 
     run.placement = reserve(cfg)
     run.plan = plan_nodes(cfg, run_dir, model_dir, run.placement)
+    use_run_keys(run.plan.keys)  # the driver's own buffer clients (shutdown, watchdog, live view, early end)
+    log.info("endpoints: %s", "CURVE with this run's keys (--no_auth: plain TCP)" if run.plan.keys else "plain TCP")
     if run.plan.gatherer is not None:
         log.info("roles on nodes without this run directory: %s (their logs and events are copied here)",
                  run.plan.gatherer.globs and sorted(run.plan.gatherer.globs))
@@ -287,6 +290,7 @@ def _stop(run: _Run, owns_ray: bool) -> None:
         run.placement.release()
     if owns_ray:
         ray.shutdown()
+    use_run_keys(None)
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -333,7 +337,7 @@ def train(cfg: TrainConfig) -> dict:
     finally:
         _stop(run, owns_ray)
     summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats, logged)
-    summary["hosts"] = run.hosts
+    summary["hosts"], summary["authenticated"] = run.hosts, run.plan.keys is not None
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON

@@ -23,6 +23,10 @@ actors read it from a shared filesystem, ``zmq`` actors download it from the pub
 (:mod:`.zmq`), which answers ``FETCH`` as well as ``LATEST``; both check the directory digest before the
 engine loads anything. ``nccl`` (:mod:`.nccl`) broadcasts full weights from the learner's device and
 checks a checksum of the received tensors.
+
+With the process's run keys set (``buffer.security.use_run_keys``: `distrl train` across nodes), the PUB and
+ROUTER sockets are CURVE servers that admit only the run's client key, and every subscriber and fetcher
+socket a CURVE client of them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 
 import zmq
 
+from buffer.security import connect_run_keys, run_keys, serve_run_keys
 from distrl.core import wire
 
 TOPIC = b"weights"
@@ -115,15 +120,23 @@ def serve_fetch(header: wire.Header, payloads: dict[int, Announcement]) -> list[
 
 
 class WeightPublisher:
-    """Announces versions (PUB) and answers LATEST requests (ROUTER, served by a daemon thread)."""
+    """Announces versions (PUB) and answers LATEST requests (ROUTER, served by a daemon thread); both CURVE
+    servers when the process has run keys (their own context then, with its ZAP authenticator)."""
 
     def __init__(self, pub_address: str = "tcp://127.0.0.1:0", latest_address: str = "tcp://127.0.0.1:0"):
-        self._ctx = zmq.Context.instance()
+        self._ctx, self._curve = zmq.Context.instance(), None
+        if run_keys() is not None:
+            self._ctx = zmq.Context()
+            self._curve = serve_run_keys(self._ctx, "weights")
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.linger = 0
+        if self._curve is not None:
+            self._curve.apply(self._pub)
         self.pub_address = _bind(self._pub, pub_address)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
+        if self._curve is not None:
+            self._curve.apply(self._router)
         self._router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # requests are small: drop larger peers
         self.latest_address = _bind(self._router, latest_address)
         self._latest = BASE
@@ -193,6 +206,9 @@ class WeightPublisher:
         self._thread.join(timeout=2)
         self._pub.close()
         self._router.close()
+        if self._curve is not None:
+            self._curve.stop()
+            self._ctx.term()
 
 
 def payload_format(model) -> str:
@@ -259,6 +275,7 @@ class WeightSubscriber:
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.linger = 0
         self._sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
+        connect_run_keys(self._sub, "weights")
         self._sub.connect(pub_address)
         self._latest_address = latest_address
         self._sender = sender
@@ -292,6 +309,7 @@ class WeightSubscriber:
         """Ask the publisher for its latest version (for late joiners). Raises TimeoutError."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.linger = 0
+        connect_run_keys(sock, "weights")
         try:
             sock.connect(self._latest_address)
             sock.send_multipart(wire.encode(wire.MsgType.LATEST, self._sender))

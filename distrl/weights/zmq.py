@@ -19,6 +19,7 @@ from pathlib import Path
 
 import zmq
 
+from buffer.security import connect_run_keys
 from distrl.core import wire
 from distrl.weights.base import CHUNK_BYTES, Announcement, DirectoryLoader, WeightError
 from distrl.weights.fs import directory_digest, prune_versions
@@ -47,6 +48,7 @@ class ZmqFetcher(DirectoryLoader):
         tmp.mkdir()
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.linger = 0
+        connect_run_keys(sock, "weights")  # a CURVE client of the publisher when the process has run keys
         try:
             sock.connect(self.endpoint)
             manifest = self._request(sock, version=ann.version)

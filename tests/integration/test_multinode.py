@@ -151,6 +151,9 @@ def test_actors_on_node2_buffer_and_learner_on_node1(cluster):
     assert hosts == {"buffer0": node1, "learner0": node1, "actor0": NODE2, "actor1": NODE2}, hosts
     driver_log = (run_dir / "logs" / "driver.log").read_text()
     assert f"buffer tcp://{node1}:" in driver_log and f"weights tcp://{node1}:" in driver_log  # bound there
+    assert summary["authenticated"] is True and "endpoints: CURVE with this run's keys" in driver_log  # off loopback
+    for role in ("buffer0", "learner0", "actor0", "actor1"):  # each got the run's keys through Ray
+        assert f"{role}: CURVE on" in (run_dir / "logs" / f"{role}.log").read_text(), role
     assert json.loads((run_dir / "config.json").read_text())["weights_transport"] == "zmq"  # chosen: no shared fs
     for role in ("driver", "buffer0", "learner0", "actor0", "actor1"):
         assert (run_dir / "logs" / f"{role}.log").stat().st_size > 0, role
