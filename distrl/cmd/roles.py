@@ -30,7 +30,17 @@ def begin_role(run_dir: str, name: str, keys=None) -> None:
         logging.getLogger("distrl.cmd.roles").info("%s: CURVE on: sockets use the run's keys %r", name, keys)
 
 
-class BufferRole:
+class _Role:
+    """What the driver asks every role: where it runs and which GPUs Ray gave it."""
+
+    def accelerator_ids(self) -> list[str]:
+        return accelerator_ids()
+
+    def node_address(self) -> str:
+        return node_address()
+
+
+class BufferRole(_Role):
     """The buffer's Ray actor: a BufferServer on this node's --host; `serve` runs until SHUTDOWN."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None, keys=None):
@@ -43,9 +53,6 @@ class BufferRole:
     def address(self) -> str:
         return self.server.address
 
-    def node_address(self) -> str:
-        return node_address()
-
     def serve(self) -> dict:
         try:
             self.server.serve()
@@ -54,7 +61,7 @@ class BufferRole:
             self.server.close()
 
 
-class LearnerRole:
+class LearnerRole(_Role):
     """One learner rank's Ray actor (distrl.cmd.assemble.build_learner); rank 0 also publishes weights.
     ``run`` closes everything on error; after a finished run the driver calls ``close`` once the actors
     are done (until then rank 0 serves the final version to them)."""
@@ -69,18 +76,12 @@ class LearnerRole:
             dist.init_process_group("nccl" if cuda_available() else "gloo", init_method=dist_address, rank=rank,
                                     world_size=cfg.number_of_learners)
         bind = f"tcp://{cfg.host}:0"
-        model_dir = model_dir if isinstance(model_dir, str) else model_dir.here(run_dir)  # nodes.ModelFiles
+        model_dir = local_model(model_dir, run_dir)
         self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer_address,
                                    weights_bind=(bind, bind), resume=bool(cfg.resume))
 
     def weight_addresses(self) -> tuple[str, str] | None:
         return self.parts.weight_addresses
-
-    def accelerator_ids(self) -> list[str]:
-        return accelerator_ids()
-
-    def node_address(self) -> str:
-        return node_address()
 
     def run(self) -> dict:
         try:
@@ -94,7 +95,7 @@ class LearnerRole:
         self.parts.close(linger=False)
 
 
-class RolloutRole:
+class RolloutRole(_Role):
     """One rollout actor's Ray actor (distrl.cmd.assemble.build_actor); Ray restarts it
     (--max_actor_restarts) and it rejoins the run. ``run`` closes the actor however it ends."""
 
@@ -107,14 +108,8 @@ class RolloutRole:
         if rejoin:
             logging.getLogger("distrl.actor").warning("actor%d: restarted (pid %d): rejoining the run",
                                                       actor_id, os.getpid())
-        model_dir = model_dir if isinstance(model_dir, str) else model_dir.here(run_dir)  # nodes.ModelFiles
+        model_dir = local_model(model_dir, run_dir)
         self.parts = build_actor(cfg, actor_id, endpoints, model_dir, run_dir, rejoin=rejoin)
-
-    def accelerator_ids(self) -> list[str]:
-        return accelerator_ids()
-
-    def node_address(self) -> str:
-        return node_address()
 
     def run(self) -> dict:
         try:
@@ -143,3 +138,8 @@ def node_address() -> str:
     import ray
 
     return ray.util.get_node_ip_address()
+
+
+def local_model(model_dir, run_dir: str) -> str:
+    """The model directory on this node: a path as given, or where a shipped ``nodes.ModelFiles`` lands here."""
+    return model_dir if isinstance(model_dir, str) else model_dir.here(run_dir)
