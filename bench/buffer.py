@@ -54,6 +54,14 @@ from distrl.core import wire  # noqa: E402
 from distrl.core.wire import COMPLETION_SCHEMA  # noqa: E402
 
 
+def stamp_columns(rows: int) -> dict:
+    """The weight stamp columns of ``rows`` completions of one call at one version, as an actor writes them
+    (distrl.weights.attest): one version, a 44-character XXH3-128 digest, one canary logprob."""
+    return {"served_versions": pa.array([[3]] * rows, pa.list_(pa.int64())),
+            "weights_digests": pa.array([["xxh3_128:" + "5e" * 16]] * rows, pa.list_(pa.string())),
+            "canary_logprobs": pa.array([[-3.912345]] * rows, pa.list_(pa.float64()))}
+
+
 def make_groups(n_groups: int, group_size: int, completion_len: int, prompt_len: int, tag: str) -> list[pa.Table]:
     """``n_groups`` valid groups with random rewards, built column-wise (fast) and sliced per group."""
     rng = np.random.default_rng(0)
@@ -76,6 +84,7 @@ def make_groups(n_groups: int, group_size: int, completion_len: int, prompt_len:
         "advantage": pa.array(rewards - rewards.mean(), pa.float32()), "finish_reason": pa.array(["stop"] * rows),
         "prompt_text": pa.array(["What is 1+1?"] * rows), "completion_text": pa.array(["The answer is 2."] * rows),
         "gen_start_time": pa.array(np.full(rows, time.time())), "gen_seconds": pa.array(np.full(rows, 0.5)),
+        **stamp_columns(rows),
     }
     table = pa.Table.from_pydict(cols, schema=COMPLETION_SCHEMA).combine_chunks()
     return [table.slice(g * group_size, group_size) for g in range(n_groups)]

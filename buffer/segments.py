@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffer.held import as_batch
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.wire import COMPLETION_SCHEMA, LEGACY_SCHEMA, upgrade
 
 SEGMENT_DIR = "segments"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, length 0
@@ -217,12 +217,13 @@ def _read_source(f, path: Path, header_only: bool = False) -> tuple[dict, list[p
         reader = pa.ipc.open_stream(f)
     except (pa.ArrowInvalid, OSError, EOFError):
         return {}, batches  # crashed before the schema was complete
-    if not reader.schema.equals(COMPLETION_SCHEMA):
+    legacy = reader.schema.equals(LEGACY_SCHEMA)  # written before the weight stamps: read with null stamps
+    if not (legacy or reader.schema.equals(COMPLETION_SCHEMA)):
         raise ValueError(f"{path} does not hold distrl.core.wire.COMPLETION_SCHEMA rows")
     metadata = dict(reader.schema.metadata or {})
     while not header_only:
         try:
-            batches.append(reader.read_next_batch())
+            batches.append(upgrade(reader.read_next_batch()) if legacy else reader.read_next_batch())
         except StopIteration:
             break
         except (pa.ArrowInvalid, OSError, EOFError):

@@ -169,6 +169,12 @@ class LearnOptions:
     """The learner also generates: while its GET waits for data it samples groups with its own model (the
     HF engine on the learner's model object, no weight copy, at the learner's current version) and PUTs
     them as actor `learner<rank>` (actor_id -1-rank). Allows --number_of_actors 0."""
+    attest_tolerance: Optional[float] = None
+    """Largest |engine - learner| canary logprob, nats/token, for a group's weight stamp to match (unset:
+    1e-4 for float32 on CPU, 0.05 for bf16 or CUDA; derived in distrl/weights/attest.py)."""
+    attest_max_bad_versions: int = 3
+    """Stop the run with an error when groups were quarantined (their actor served other weights than its
+    stamp claims) at this many consecutive policy versions; 0: never stop, only quarantine."""
 
     def resolve(self) -> None:
         """--lora_target_modules as a tuple (a config.json holds a list)."""
@@ -185,6 +191,9 @@ class LearnOptions:
             raise ValueError(f"--learner_pack_tokens must be >= 0 (0: no packing), got {self.learner_pack_tokens}")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.attest_max_bad_versions < 0 or not (self.attest_tolerance is None or self.attest_tolerance > 0):
+            raise ValueError(f"--attest_max_bad_versions must be >= 0 and --attest_tolerance > 0, got "
+                             f"{self.attest_max_bad_versions} and {self.attest_tolerance}")
         if not self.learning_rate > 0:
             raise ValueError(f"--learning_rate must be > 0, got {self.learning_rate}")
         self.check_loss()

@@ -53,6 +53,7 @@ from learn.logprobs import head_impl, token_logprobs
 from learn.losses import LossConfig, Normalizer, policy_loss
 from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context
 from learn.optim import build_optimizer
+from learn.quarantine import LearnerAttestation
 from learn.tensor_metrics import to_floats
 
 __all__ = ["Learner", "init_distributed_from_env", "loss_config"]
@@ -146,6 +147,8 @@ class Learner:
         self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
+        self.attest = None if not cfg.attest_weights else LearnerAttestation(  # learn/quarantine.py
+            cfg, rank, world_size, self.body, self.head, self.model.config.vocab_size, self.metrics)
         self.version = 0  # this process's one policy version (a LearnerGenerator reads it, never sets it)
         # Called as while_waiting() each time a GET has to wait (--learner_generates sets it to generate with
         # this model at self.version); returns True if it did work, False to let the GET sleep instead.
@@ -273,7 +276,9 @@ class Learner:
 
     def _publish(self) -> None:
         t0 = time.perf_counter()
-        self.publisher.publish(self.version, self.model)
+        ann = self.publisher.publish(self.version, self.model)
+        if self.attest is not None:
+            self.attest.published(self.version, ann.digest)
         self.metrics.scalar("learner/weight_publish_s", time.perf_counter() - t0, self.version)
 
     def resume(self) -> int:
@@ -299,6 +304,8 @@ class Learner:
     def run(self) -> dict:
         idle_s, start, tokens = 0.0, time.perf_counter(), 0
         history = History()
+        if self.attest is not None:
+            self.attest.record(self.version)
         if self.rank == 0 and self.version > 0:  # resumed: actors start from the version we hold
             self._publish()
         while self.version < self.cfg.max_steps:
@@ -307,6 +314,8 @@ class Learner:
                                     on_wait=self.while_waiting)
             wait_s = time.perf_counter() - t0
             idle_s += wait_s
+            if self.attest is not None:  # groups whose weight stamp does not match are not trained on
+                table = self.attest.check(table, self.version)
             t1 = time.perf_counter()
             stats = self.train_step(table)
             tokens += stats["tokens"]
@@ -314,6 +323,8 @@ class Learner:
             if torch.cuda.is_available():  # the most GPU memory torch's allocator held so far, GiB
                 stats["learner/peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
             self.version += 1
+            if self.attest is not None:
+                self.attest.record(self.version)
             if self.rank == 0 and (self.subscribed or self.version == self.cfg.max_steps):
                 self._publish()
             self._checkpoint()

@@ -194,9 +194,11 @@ def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Pa
     Sets the CPU engine environment first (:func:`use_cpu_engine_env`). Raises what RolloutActor raises.
     """
     use_cpu_engine_env(actor_id)
+    from distrl.cmd.faults import inject_faults
     from rollout.actor import RolloutActor
 
     run_dir = Path(run_dir)
     actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=str(run_dir),
                          tb_dir=str(run_dir / "tb" / f"actor{actor_id}"), rejoin=rejoin)
+    inject_faults(actor)  # test-only, from the environment (distrl.cmd.faults)
     return AssembledActor(actor)

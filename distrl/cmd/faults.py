@@ -291,3 +291,34 @@ def _short_error(text: str) -> list[str]:
     if len(message) > ROLE_ERROR_LINES + 1:
         more.append(f"... ({len(message) - ROLE_ERROR_LINES - 1} more lines in the log)")
     return [message[0], *shown, *more]
+
+
+STALE_WEIGHTS_ENV = "DISTRL_FAULT_STALE_WEIGHTS"  # test-only: actor ids (comma-separated) that fake weight loads
+
+
+def inject_faults(actor) -> None:
+    """Test-only fault injection into a rollout actor (``rollout.actor.RolloutActor``), from the environment
+    (which `distrl train`'s Ray roles inherit from the driver): with ``DISTRL_FAULT_STALE_WEIGHTS`` naming its
+    actor id, the actor never loads weights but claims every announced version (:class:`StaleWeights`): the
+    silent failure weight attestation exists to catch (distrl/weights/attest.py). Unset: nothing changes."""
+    ids = os.environ.get(STALE_WEIGHTS_ENV, "")
+    if str(actor.actor_id) in ids.split(","):
+        log.warning("%s: FAULT INJECTED (%s): weights are never loaded, versions are claimed", actor.name,
+                    STALE_WEIGHTS_ENV)
+        actor.loader = StaleWeights(actor.loader)
+
+
+class StaleWeights:
+    """A weight loader that skips the load: the engine keeps its weights, its version says the announced one
+    (the shape of trl#5312 and verl#7495: weights that never reach the generator)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.bytes_fetched, self.retains_versions = 0, inner.retains_versions
+
+    def load(self, ann, engine):
+        engine.version = ann.version
+        return ann
+
+    def close(self) -> None:
+        self.inner.close()

@@ -90,6 +90,11 @@ class SharedOptions:
     weights_broadcast_port: int = 5558
     """TCP port on learner rank 0's host where the `nccl` transport's group meets (`distrl train` picks a
     free one)."""
+    attest_weights: bool = True
+    """Weight attestation (distrl/weights/attest.py, docs/weights.md): every completion records the versions,
+    payload digests and canary logprob of the weights that generated it, and the learners quarantine groups
+    whose stamp does not match their own canary for that version. Costs one 32-token forward per version on
+    each actor and learner. `--no_attest_weights` turns it off."""
     buffer_curve_server_key: Optional[str] = None
     """CURVE: the buffer's public key file, when the buffer runs with --curve_secret_key (docs/buffer.md);
     actors and learners then encrypt and authenticate their buffer connection."""

@@ -100,6 +100,12 @@ class Engine(ABC):
             ValueError: an unknown format, or a version not newer than the one served.
         """
 
+    def canary_logprob(self) -> float:
+        """The served weights' mean logprob (nats/token, temperature 1) of the canary sequence
+        (:func:`distrl.weights.attest.canary_ids` of the model's ``config.vocab_size``): what the actor stamps
+        on its completions and the learner checks (distrl.weights.attest). One forward of 32 tokens."""
+        raise NotImplementedError(f"{type(self).__name__} computes no canary: run with --no_attest_weights")
+
     def load_tensors(self, version: int, named: list) -> None:
         """Serve full weights given as (name, tensor) pairs (the collective transport's payload).
 

@@ -215,6 +215,12 @@ class HFEngine(Engine):
 
     # -- weights --------------------------------------------------------------------------------
 
+    def canary_logprob(self) -> float:
+        """See ``Engine.canary_logprob``: the decoder and the fp32 head, as the learner computes it."""
+        from distrl.weights.attest import canary_logprob
+
+        return canary_logprob(self.base.get_decoder(), self.base.get_output_embeddings(), self.base.config.vocab_size)
+
     def load_weights(self, version: int, fmt: str, path: str | Path) -> None:
         """Serve ``version`` from the next ``generate`` on; see the module docstring per format.
 

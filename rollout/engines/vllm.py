@@ -148,6 +148,18 @@ class VLLMEngine(Engine):
         self._reload(weights_iterator=iter(named))
         self.version = version
 
+    def canary_logprob(self) -> float:
+        """See ``Engine.canary_logprob``: the canary as a prompt with ``prompt_logprobs=0``, with the served
+        version's LoRA request (temperature 1, so vLLM's processed and raw logprobs are the same)."""
+        from vllm import SamplingParams
+
+        from distrl.weights.attest import canary_ids, prompt_canary
+
+        ids = canary_ids(self.llm.model_config.hf_config.vocab_size)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
+        out = self.llm.generate([{"prompt_token_ids": ids}], params, lora_request=self._lora, use_tqdm=False)
+        return prompt_canary(ids, out[0].prompt_logprobs)
+
     def _load_lora(self, version: int, path: str | Path) -> None:
         from vllm.lora.request import LoRARequest
 
