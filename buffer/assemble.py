@@ -20,7 +20,7 @@ from buffer.endpoint import Endpoint
 from buffer.memory import prefault_heap
 from buffer.recovery import restore_store
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
-from buffer.server import BufferServer
+from buffer.server import CREDIT_TIMEOUT_S, BufferServer
 from buffer.store import GroupStore
 from distrl.core.metrics import Metrics
 
@@ -83,6 +83,7 @@ def build_buffer(cfg, run_dir: str | os.PathLike, *, address: str | None = None,
         opened.callback(consumed.close)
         metrics = Metrics(tb_dir or getattr(cfg, "tb_dir", None) or Path(run_dir) / "tb" / "buffer0")
         opened.callback(metrics.close)
-        server = BufferServer(store, endpoint, consumed, segments, metrics, poll_ms)
+        server = BufferServer(store, endpoint, consumed, segments, metrics, poll_ms,
+                              credit_timeout_s=getattr(cfg, "credit_timeout_s", CREDIT_TIMEOUT_S))
         opened.pop_all()
     return server

@@ -110,18 +110,19 @@ class BufferClient:
         self._sock.connect(self.address)
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
-                 resend_s: float | None = None, **fields: Any) -> tuple[Header, pa.Table | None]:
+                 resend_s: float | None = None, limit_s: float | None = None,
+                 **fields: Any) -> tuple[Header, pa.Table | None]:
         """Send one request and return the reply's header and body (Lazy Pirate): re-sent on a reopened
         socket every ``resend_s`` (default ``timeout_s``) seconds without a reply; a warning every
         ``timeout_s`` of silence, and one line when the buffer answers again.
 
-        Raises TimeoutError after ``timeout_s * (1 + retries)`` seconds without a reply, BufferRefused
-        on an ERROR reply.
+        Raises TimeoutError after ``timeout_s * (1 + retries)`` seconds (or ``limit_s``) without a reply,
+        BufferRefused on an ERROR reply.
         """
         self._seq += 1
         frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
         interval = self.timeout_s if resend_s is None else resend_s
-        limit = self.timeout_s * (1 + (self.retries if retries is None else retries))
+        limit = self.timeout_s * (1 + (self.retries if retries is None else retries)) if limit_s is None else limit_s
         start = time.monotonic()
         warn_at, sends = start + self.timeout_s, 0
         while True:
@@ -258,6 +259,19 @@ class BufferClient:
         header, _ = self._request(MsgType.CREDIT, want=0, actor_id=actor_id)
         self._expect(header, MsgType.GRANT)
         return header.acked_groups
+
+    def join(self, first_id: int = 0) -> int:
+        """A fresh actor id for a joining actor (>= ``first_id``, used by no actor of the run so far)."""
+        header, _ = self._request(MsgType.JOIN, first_id=first_id)
+        self._expect(header, MsgType.ACK)
+        return header.actor_id
+
+    def leave(self, timeout_s: float = 3.0) -> int:
+        """Tell the buffer this client stops generating; returns the unused credits it gave back. Waits at
+        most ``timeout_s`` (the buffer may be gone already): TimeoutError then."""
+        header, _ = self._request(MsgType.LEAVE, resend_s=timeout_s, limit_s=timeout_s)
+        self._expect(header, MsgType.ACK)
+        return header.returned
 
     def stop(self) -> None:
         """Tell the buffer that training is over: from now on credit replies say stop."""

@@ -47,6 +47,11 @@ class SelectionOptions:
     replay_ratio: int = 1
     """Times a group may be handed out, each time to a later version and within `--max_staleness`
     (1: each group trains once; more reuses data, off-policy)."""
+    credit_timeout_s: float = 60.0
+    """Seconds an actor holding unused credits may stay silent (no CREDIT, PUT or other request) before the
+    buffer counts it lost (killed, node gone) and its credits return to the pool (logged). Longer than one
+    generate call of your actors: credits taken from a live, slow actor let the run exceed AReaL's rule
+    (counted as `credit_violations`). An actor that stops cleanly says LEAVE and its credits return at once."""
 
     def check(self) -> None:
         """Raise ValueError naming the first bad selection option."""
@@ -56,6 +61,8 @@ class SelectionOptions:
             raise ValueError(f"--order must be fifo, freshest or variance, got {self.order!r}")
         if self.replay_ratio < 1:
             raise ValueError(f"--replay_ratio must be >= 1, got {self.replay_ratio}")
+        if not self.credit_timeout_s > 0:
+            raise ValueError(f"--credit_timeout_s must be > 0, got {self.credit_timeout_s}")
         if self.max_filtered_groups < 0:
             raise ValueError(f"--max_filtered_groups must be >= 0 (0: no limit), got {self.max_filtered_groups}")
 

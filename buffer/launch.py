@@ -17,6 +17,7 @@ from pathlib import Path
 
 from buffer.assemble import build_buffer
 from distrl.core.heap import steady_heap
+from distrl.core.join import write_join_file
 from distrl.core.logs import LOG_FORMAT
 
 log = logging.getLogger("distrl.buffer")
@@ -37,6 +38,9 @@ def run(cfg) -> dict:
     try:
         info = {"address": server.address, "pid": os.getpid(), "config": dataclasses.asdict(cfg)}
         (run_dir / "buffer.json").write_text(json.dumps(info, indent=2))
+        shape = ("batch_size", "group_size", "max_staleness")  # the rest an actor gives itself (docs/multinode.md)
+        write_join_file(run_dir, {"run_dir": str(run_dir), "first_id": 0, "config": {
+            "buffer_address": server.address, **{name: getattr(cfg, name) for name in shape}}})
         print(f"distrl buffer: serving at {server.address} (run directory {run_dir})", flush=True)
         server.serve(stop)
         stats = server.stats()

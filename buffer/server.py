@@ -9,6 +9,8 @@ answered too. Every request gets exactly one reply, echoing its ``seq``:
     CREDIT {want[, actor_id]}                 -> GRANT {granted, learner_version, min_policy_version, stop, full
                                                         [, reason][, acked_groups]}
     STATS                                     -> STATS {counters}
+    JOIN {first_id}                           -> ACK {actor_id}: an id no actor of the run has used
+    LEAVE                                     -> ACK {returned}: the sender's unused credits return at once
     STOP                                      -> ACK; credit replies say stop from now on
     SHUTDOWN                                  -> ACK, then the loop ends
     anything else                             -> ERROR {error, code}; the server keeps serving
@@ -42,9 +44,15 @@ run directory's logs, :mod:`buffer.recovery`) and ``replay_from`` (offline repla
 run is loaded, PUTs are refused, credits say stop, and a GET that cannot be served is an ERROR
 ``exhausted`` since nothing more will arrive).
 
+Actors come and go (``distrl rollout --join``; docs/multinode.md): the credits granted to a sender and not
+yet PUT are its ``_owed``; they return to the pool (``GroupStore.refund_credits``) when it asks again, when it
+says LEAVE, or when it has been silent for ``credit_timeout_s`` (killed, node lost; logged). Over the
+changing set the store counts groups accepted beyond AReaL's rule (``credit_violations``).
+
 Metrics (TensorBoard, stepped by learner version), about once a second: buffer/rows, bytes, groups,
 ingest_rows_per_s, ingest_mb_per_s, ingest_groups_per_s, duplicates, evicted_<reason>, credits_granted,
-credits_refunded, refused_full, bad_requests, learner_version, get_latency_ms (histogram, p50, p99);
+credits_refunded, credit_violations, credits_owed, refused_full, bad_requests, learner_version,
+get_latency_ms (histogram, p50, p99);
 and at each selection the histogram buffer/staleness and buffer/staleness_mean.
 """
 
@@ -75,6 +83,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 64  # requests handled between two polls (their non-PUT replies are sent together)
 SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
+CREDIT_TIMEOUT_S = 60.0  # an actor silent this long with unused credits is lost: they return (--credit_timeout_s)
 NO_PROGRESS_GRACE_S = 10.0  # a buffer that cannot progress keeps telling clients so this long, then raises
 WAIT_LOG_S = 30.0  # a kind of "GET waits" line is logged at most this often, with a count
 
@@ -120,12 +129,14 @@ class BufferServer:
             replay buffer (PUTs refused, credits say stop, an unservable GET is ERROR ``exhausted``).
         metrics: the TensorBoard writer (``Metrics(None)`` writes nothing).
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
+        credit_timeout_s: seconds a sender holding unused credits may be silent before they return.
     :meth:`close` closes all of them. :meth:`serve` raises NoProgress when the run cannot advance (see
     the module docstring). Build one with :func:`buffer.assemble.build_buffer`.
     """
 
     def __init__(self, store: GroupStore, endpoint: Endpoint, consumed: ConsumptionLog,
-                 segments: SegmentLog | None, metrics: Metrics, poll_ms: int = 50) -> None:
+                 segments: SegmentLog | None, metrics: Metrics, poll_ms: int = 50,
+                 credit_timeout_s: float = CREDIT_TIMEOUT_S) -> None:
         self.store, self.endpoint, self.consumed, self.segments, self.metrics = (store, endpoint, consumed, segments,
                                                                                  metrics)
         self.replay, self.poll_ms = segments is None, poll_ms
@@ -147,12 +158,17 @@ class BufferServer:
         self._handlers: dict[MsgType, Callable[[Header], list[bytes]]] = {
             MsgType.GET: self._on_get, MsgType.CREDIT: self._on_credit,
             MsgType.STATS: self._on_stats, MsgType.STOP: self._on_stop, MsgType.SHUTDOWN: self._on_shutdown,
+            MsgType.JOIN: self._on_join, MsgType.LEAVE: self._on_leave,
         }
         self._running = self._closed = self._shutdown_requested = False
         self._stopping = self.replay  # STOP received (or replay): credit replies say stop
         self.bad_requests = 0
         self.last_seen: dict[str, float] = {}  # sender -> time.monotonic() of its last request
         self._owed: dict[str, int] = {}  # sender -> credits granted to it and not yet PUT
+        self.credit_timeout_s = credit_timeout_s
+        self._joined: dict[str, int] = {}  # sender name -> actor id handed out by JOIN
+        self._lost: set[str] = set()  # senders whose credits returned after silence (a PUT from one is logged)
+        self.departures = {"left": 0, "lost": 0, "credits_returned_on_leave": 0, "credits_returned_on_timeout": 0}
         self._last_tick, self._ingest = time.monotonic(), [0, 0, 0]  # rows, bytes, groups since the tick
         self._get_ms: list[float] = []
         self._waits: dict[str, tuple[float, int]] = {}  # kind of WAIT reason -> (last logged, GETs since)
@@ -378,6 +394,37 @@ class BufferServer:
             fields["acked_groups"] = self.store.acked_groups(header.actor_id)
         return wire.encode(MsgType.GRANT, SENDER, header.seq, **fields)
 
+    def _on_join(self, header: wire.Join) -> list[bytes]:
+        """A fresh actor id: above ``first_id``, every id whose groups the buffer holds in its log, every sender
+        ``actor<N>`` seen and every id handed out before."""
+        seen = [int(m.group(1)) for name in self.last_seen if (m := re.fullmatch(r"actor(\d+)", name))]
+        actor_id = max([header.first_id - 1, *seen, *self.store.actor_ids(), *self._joined.values()]) + 1
+        self._joined[f"actor{actor_id}"] = actor_id
+        log.info("buffer: an actor joins (%s asked): actor id %d, at learner version %d", header.sender or "?",
+                 actor_id, self.store.learner_version)
+        return wire.encode(MsgType.ACK, SENDER, header.seq, actor_id=actor_id)
+
+    def _on_leave(self, header: Header) -> list[bytes]:
+        """The sender stops: its unused credits return now (counted, logged)."""
+        returned = self.store.refund_credits(self._owed.pop(header.sender, 0))
+        self.departures["left"] += 1
+        self.departures["credits_returned_on_leave"] += returned
+        self._joined.pop(header.sender, None)
+        log.info("buffer: %s leaves at learner version %d: %d unused credits returned", header.sender,
+                 self.store.learner_version, returned)
+        return wire.encode(MsgType.ACK, SENDER, header.seq, returned=returned)
+
+    def _expire_silent(self) -> None:
+        """Liveness: the unused credits of a sender silent for ``credit_timeout_s`` return (it is lost)."""
+        now = time.monotonic()
+        for sender in [s for s in self._owed if now - self.last_seen.get(s, now) > self.credit_timeout_s]:
+            returned = self.store.refund_credits(self._owed.pop(sender))
+            self._lost.add(sender)
+            self.departures["lost"] += 1
+            self.departures["credits_returned_on_timeout"] += returned
+            log.warning("buffer: %s sent nothing for %.0f s (--credit_timeout_s) with unused credits: counted lost, "
+                        "%d credits returned", sender, now - self.last_seen[sender], returned)
+
     def _on_stop(self, header: Header) -> list[bytes]:
         self._stopping = True
         log.info("training is over (STOP from %s): credits now answer stop", header.sender)
@@ -395,15 +442,24 @@ class BufferServer:
         """Liveness: remember when each client (by header sender) last sent a request."""
         if sender in self.last_seen or len(self.last_seen) < MAX_CLIENTS_TRACKED:
             self.last_seen[sender] = time.monotonic()
+        if self._lost and sender in self._lost:
+            self._lost.discard(sender)
+            log.warning("buffer: %s speaks again after its credits were returned for silence: what it PUTs "
+                        "now may exceed AReaL's rule (credit_violations); raise --credit_timeout_s", sender)
 
     def stats(self) -> dict:
         """The store's counters plus the server's (bad_requests, segments_deleted, replay, and
         ``last_seen_s``: seconds since each client's last request, by sender name; the driver's watchdog
-        reads it)."""
+        reads it), and the actors' comings and goings: ``owed`` (unused credits by sender), ``credits_owed``
+        (their sum), ``joined_actors`` (JOINed senders heard within credit_timeout_s), ``left``, ``lost``,
+        ``credits_returned_on_leave``, ``credits_returned_on_timeout``."""
         deleted = 0 if self.segments is None else self.segments.deleted
         now = time.monotonic()
+        joined = [s for s in self._joined if now - self.last_seen.get(s, -1e18) <= self.credit_timeout_s]
         return {**self.store.stats(), "bad_requests": self.bad_requests, "segments_deleted": deleted,
-                "replay": self.replay, "last_seen_s": {s: round(now - t, 3) for s, t in self.last_seen.items()}}
+                "replay": self.replay, "last_seen_s": {s: round(now - t, 3) for s, t in self.last_seen.items()},
+                "credits_owed": sum(self._owed.values()), "owed": dict(self._owed), "joined_actors": joined,
+                **self.departures}
 
     # ---- metrics and housekeeping --------------------------------------------------------------
 
@@ -420,11 +476,13 @@ class BufferServer:
         (log.warning if "filter_zero_variance" in reason else log.info)("buffer: GET waits: %s%s", reason, since)
 
     def _tick(self) -> None:
+        self._expire_silent()
         now = time.monotonic()
         dt = max(now - self._last_tick, 1e-6)
         stats = self.stats()
         names = ("rows", "bytes", "groups", "duplicates", "credits_granted", "credits_refunded", "refused_full",
-                 "bad_requests", "learner_version", *(k for k in stats if k.startswith("evicted_")))
+                 "bad_requests", "learner_version", "credit_violations", "credits_owed",
+                 *(k for k in stats if k.startswith("evicted_")))
         values = {f"buffer/{name}": stats[name] for name in names}
         rows, nbytes, groups = self._ingest
         values.update({"buffer/ingest_rows_per_s": rows / dt, "buffer/ingest_mb_per_s": nbytes / dt / 1e6,

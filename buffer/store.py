@@ -21,7 +21,11 @@ after ``max_filtered_groups`` filtered groups in a row (any group that passes th
 count) :meth:`GroupStore.check_progress` raises :class:`distrl.core.errors.NoProgress`.
 
 Credits follow AReaL's rule: at most ``(learner_version + max_staleness + 1) * batch_size`` groups may
-be granted, net of refunds. When memory is full (``max_rows`` completions or ``max_bytes`` Arrow bytes
+be granted, net of refunds. The same bound is checked where groups arrive, over whatever set of actors
+sent them: groups accepted from the start (``groups_put``, restored ones included) net of evicted ones
+may not exceed it; each group accepted beyond it is counted in ``credit_violations`` (0 when every actor
+PUTs only what it was granted), and ``credit_excess_max`` is the largest ``accepted - allowed`` seen at an
+arrival (negative: the rule always had room). When memory is full (``max_rows`` completions or ``max_bytes`` Arrow bytes
 held) no credit is granted and PUTs raise :class:`BufferFull`: nothing is ever dropped silently.
 
 With ``restamp`` (offline replay) a group's staleness counts from the first version that trains on it:
@@ -114,6 +118,8 @@ class GroupStore:
         self.duplicates = self.refused_full = self.selections = 0
         self.evicted = dict.fromkeys(EVICTION_REASONS, 0)
         self.credits_granted = self.credits_refunded = 0
+        self.credit_violations = 0  # groups accepted beyond AReaL's rule (see the module docstring)
+        self.credit_excess_max = -self.allowed_groups  # max over arrivals of accepted net of evicted - allowed
         self.filtered_since_batch = 0  # zero-variance evictions since the last selection (WAIT reason)
         self.max_filtered_groups = max_filtered_groups
         self.filtered_in_a_row = 0  # zero-variance evictions since the last group that passed the filter
@@ -229,6 +235,7 @@ class GroupStore:
         of ``count`` groups) in order, before anything changes; then seqs, seen sample ids and slots.
         Returns the (c,) seqs."""
         first = seq = self._next_seq
+        net = first - sum(self.evicted.values())  # groups accepted net of evicted ones, before these
         for persist, batch, count in persists:
             if persist is not None and count:
                 persist(batch, seq)
@@ -239,7 +246,19 @@ class GroupStore:
             self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
             self._acked.update(g.actors.tolist())
         self._admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
+        self._check_rule(net)
         return seqs
+
+    def _check_rule(self, net: int) -> None:
+        """AReaL's rule at arrival: count the groups just held (those accepted and not evicted on arrival; the
+        groups accepted net of evicted ones were ``net`` before them) that lie beyond it. Counted per group in
+        arrival order, so one PUT of many groups counts as one PUT each."""
+        now = self._next_seq - sum(self.evicted.values())
+        excess = now - self.allowed_groups
+        if excess > self.credit_excess_max:
+            self.credit_excess_max = excess
+        if excess > 0:
+            self.credit_violations += min(now - net, excess)
 
     def _known(self, g) -> list[tuple[int, bool] | None]:
         """Per group of ``g``: ``(seq, True)`` if all its sample ids were accepted before with that group,
@@ -286,6 +305,10 @@ class GroupStore:
         """Groups of ``actor_id`` accepted so far, those restored from the log included (duplicates not
         counted): where that actor, restarted, resumes its prompt stream."""
         return self._acked[actor_id]
+
+    def actor_ids(self) -> list[int]:
+        """The actor ids whose groups were accepted (or restored from the log)."""
+        return list(self._acked)
 
     def _fits(self, rows: int, nbytes: int) -> bool:
         return ((self.max_rows is None or self.rows + rows <= self.max_rows)
@@ -484,15 +507,23 @@ class GroupStore:
             raise ValueError(f"want must be >= 0, got {want}")
         if self.full:
             return 0
-        in_play = self.credits_granted - self.credits_refunded
-        allowed = (self.learner_version + self.max_staleness + 1) * self.batch_size - in_play
+        allowed = self.allowed_groups - (self.credits_granted - self.credits_refunded)
         granted = max(0, min(want, allowed))
         self.credits_granted += granted
         return granted
 
-    def refund_credits(self, n: int) -> None:
-        """Give back ``n`` granted credits that will never be PUT (a client that restarted, a lost reply)."""
-        self.credits_refunded += max(0, min(n, self.credits_granted - self.credits_refunded))
+    def refund_credits(self, n: int) -> int:
+        """Give back ``n`` granted credits that will never be PUT (a client that restarted or left, a lost
+        reply, an actor gone silent); returns how many were given back (never more than are in play)."""
+        n = max(0, min(n, self.credits_granted - self.credits_refunded))
+        self.credits_refunded += n
+        return n
+
+    @property
+    def allowed_groups(self) -> int:
+        """AReaL's bound on groups generated from the start, net of evicted ones (and on credits granted,
+        net of refunds): ``(learner_version + max_staleness + 1) * batch_size``."""
+        return (self.learner_version + self.max_staleness + 1) * self.batch_size
 
     # ---- stats -------------------------------------------------------------------------------
 
@@ -504,7 +535,8 @@ class GroupStore:
             "full": self.full, "credits_granted": self.credits_granted, "credits_refunded": self.credits_refunded,
             "learner_version": self.learner_version, "min_policy_version": self.min_policy_version,
             "selections": self.selections, "last_staleness": list(self.last_staleness),
-            "filtered_in_a_row": self.filtered_in_a_row,
+            "filtered_in_a_row": self.filtered_in_a_row, "credits_allowed": self.allowed_groups,
+            "credit_violations": self.credit_violations, "credit_excess_max": self.credit_excess_max,
         }
         stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})
         return stats

@@ -9,8 +9,11 @@ Ray's answer                   what :meth:`ActorRuns.settle` does
 =============================  ============================================================================
 the result                     the actor finished (after the learners' last version)
 ``ActorDiedError``             the actor is **gone**: its restarts are used up, or Ray cannot restart it. The
-                               run goes on with the actors left (their groups keep the learners fed); only
-                               when every actor is gone (and no learner generates) does it end (RoleFailed)
+                               run goes on with the actors left (their groups keep the learners fed), those
+                               that joined with `distrl rollout --join` included (``joined``: the buffer's
+                               list of them); only when every actor is gone (and no learner generates and
+                               no joined actor spoke lately) does it end (RoleFailed). The buffer returns a
+                               gone actor's unused credits after --credit_timeout_s of silence
 ``ActorUnavailableError``      Ray cannot reach the actor and has not decided yet (a node that stopped
                                answering is marked dead only after Ray's health checks, ~15 s): ``run`` is
                                called again :data:`RETRY_S` later; the call waits while Ray restarts the
@@ -33,10 +36,12 @@ class ActorRuns:
     """Each rollout actor's current ``run`` call (``handles``: role name ``actor<i>`` -> Ray actor handle),
     its result, or why it is gone. ``others_generate``: a learner also generates (--learner_generates), so
     the run can go on with no actor. ``unavailable_s``: seconds an actor may stay unreachable (no death
-    declared) before it is killed and counted gone."""
+    declared) before it is killed and counted gone. ``joined``: returns the names of the live actors that
+    joined the run (``distrl.cmd.join.joined_actors``); the run goes on with them when the launcher's are gone."""
 
-    def __init__(self, handles: dict, others_generate: bool = False, unavailable_s: float = 120.0):
+    def __init__(self, handles: dict, others_generate: bool = False, unavailable_s: float = 120.0, joined=None):
         self.handles, self.others_generate, self.unavailable_s = handles, others_generate, unavailable_s
+        self.joined = joined or (lambda: [])
         self.refs = {name: handle.run.remote() for name, handle in handles.items()}  # None: a retry is due
         self.results: dict[str, dict] = {}
         self.gone: dict[str, str] = {}
@@ -85,7 +90,7 @@ class ActorRuns:
 
         self.gone[name] = why
         self.refs[name] = None
-        left = self.running()
+        left = self.running() or (self.joined() if not self.others_generate else [])
         log.error("%s is gone (%s); the run goes on with %s", name, why,
                   ", ".join(left) if left else "the learners' own generation" if self.others_generate else "none")
         if not left and not self.results and not self.others_generate:

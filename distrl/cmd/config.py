@@ -317,7 +317,13 @@ class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, Task
 @dataclass
 class _RolloutEndpoints:
     actor_id: int = 0
-    """This actor's index (its seed offset, log and TensorBoard names)."""
+    """This actor's index (its seed offset, log and TensorBoard names); with --join the buffer picks a fresh one."""
+    join: Optional[str] = None
+    """Join a running run: its run directory or its `join.json` (written by `distrl train` and `distrl buffer`;
+    copy it to this host if the directory is not shared). Every option this command line leaves at its default
+    comes from the run (addresses, weight transport, model, task, sampling, CURVE keys); the buffer gives a
+    fresh --actor_id; the actor starts at the current policy version. Stopped cleanly (SIGTERM, Ctrl-C) it tells
+    the buffer, which returns its unused credits (docs/multinode.md, "Actors that join and leave")."""
     weights_pub: str = DEFAULT_WEIGHTS_PUB
     """The learner's announcement socket (`distrl learn --weights_pub_bind`)."""
     weights_endpoint: str = DEFAULT_WEIGHTS_ENDPOINT
@@ -337,6 +343,14 @@ class RolloutConfig(_Composed, _RolloutEndpoints, _BufferAddress, RolloutOptions
     """
 
     rules = (actors_exist,)
+
+    def resolve(self) -> None:
+        """--join: the run's options first (distrl.cmd.join.apply_join), then each section's derived values."""
+        if self.join is not None:
+            from distrl.cmd.join import apply_join
+
+            apply_join(self)
+        super().resolve()
 
 
 @dataclass

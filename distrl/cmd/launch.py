@@ -53,7 +53,16 @@ def run_learn(cfg: LearnConfig) -> dict:
 
 def run_rollout(cfg: RolloutConfig) -> dict:
     """Run one rollout actor until the buffer says stop. Started again in the same run directory (its
-    role file is there) it rejoins: fresh sampling seeds, the latest weights (docs/faults.md)."""
+    role file is there) it rejoins: fresh sampling seeds, the latest weights (docs/faults.md). With --join
+    it uses the run's CURVE keys (if any) and takes the fresh actor id the buffer hands out (distrl.cmd.join)."""
+    if cfg.join is not None:
+        from buffer.security import use_run_keys
+        from distrl.cmd.join import join_actor_id, join_keys
+
+        use_run_keys(join_keys(cfg.join))
+        cfg.actor_id = join_actor_id(cfg)
+        print(f"distrl rollout: joined the run at {cfg.buffer_address} as actor{cfg.actor_id} "
+              f"(logs: {cfg.run_dir}/logs/actor{cfg.actor_id}.log)", flush=True)
     run_dir, model_dir = role_dir(cfg, f"actor{cfg.actor_id}")
     rejoin = read_role_file(run_dir, f"actor{cfg.actor_id}") is not None  # this actor ran here before
     write_role_file(run_dir, f"actor{cfg.actor_id}")

@@ -32,7 +32,7 @@ from pathlib import Path
 from buffer.security import use_run_keys
 from distrl.cmd.actor_runs import ActorRuns
 from distrl.cmd.assemble import resolve_model
-from distrl.cmd.config import TrainConfig
+from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.console import start_console
 from distrl.cmd.faults import (
     as_interrupted,
@@ -42,6 +42,7 @@ from distrl.cmd.faults import (
     role_failed,
     watch_roles,
 )
+from distrl.cmd.join import joined_actors, write_train_join_file
 from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
 from distrl.cmd.roles import ray_roles
@@ -214,6 +215,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
                     for r in range(cfg.number_of_learners)]
     pub, latest = ray.get(run.learners[0].weight_addresses.remote())
     endpoints = ActorEndpoints(run.buffer_address, pub, latest)
+    write_train_join_file(cfg, run_dir, model_dir, endpoints, plan.keys,  # `distrl rollout --join`: distrl.cmd.join
+                          [f.name for f in dataclasses.fields(RolloutConfig)])
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
                       plan.role_cfg[f"actor{i}"], i, endpoints, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
@@ -225,7 +228,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     log.info("roles' addresses: %s; buffer %s, weights %s", run.hosts, run.buffer_address, pub)
     run.actor_runs = ActorRuns({f"actor{i}": a for i, a in enumerate(run.actors)},
                                getattr(cfg, "learner_generates", False),
-                               unavailable_s=max(120.0, cfg.heartbeat_timeout_s))
+                               unavailable_s=max(120.0, cfg.heartbeat_timeout_s),
+                               joined=lambda: joined_actors(run.buffer_address))
     run.learner_refs = [lr.run.remote() for lr in run.learners]
 
 

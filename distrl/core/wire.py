@@ -98,6 +98,8 @@ class MsgType(str, enum.Enum):
     CHUNK = "CHUNK"  # body = raw bytes of the payload file (not Arrow)
     STOP = "STOP"  # learner -> buffer: training is over; GRANT replies say stop from now on. Reply ACK
     SHUTDOWN = "SHUTDOWN"  # owner -> server: stop serving. Reply ACK
+    JOIN = "JOIN"  # actor -> buffer: a fresh actor id, please (`distrl rollout --join`). Reply ACK {actor_id}
+    LEAVE = "LEAVE"  # actor -> buffer: I stop now; my unused credits return. Reply ACK {returned}
     ACK = "ACK"
     BATCH = "BATCH"  # body = the learner's shard of the selection for learner_version
     WAIT = "WAIT"  # not enough fresh groups yet: ask again
@@ -187,14 +189,28 @@ class Shutdown(Message, frozen=True, tag="SHUTDOWN"):
     """owner -> server: stop serving."""
 
 
+class Join(Message, frozen=True, tag="JOIN"):
+    """actor -> buffer: a joining actor asks for an actor id no other actor of the run has used; ``first_id``:
+    the lowest it may take (the launcher's --number_of_actors: ids below it belong to the launcher's actors)."""
+
+    first_id: Annotated[int, Meta(ge=0, le=2**31)] = 0
+
+
+class Leave(Message, frozen=True, tag="LEAVE"):
+    """actor -> buffer: this sender stops generating; the credits it was granted and did not PUT return now."""
+
+
 class Ack(Message, frozen=True, tag="ACK"):
     """Reply to PUT (``seq_no`` of its first group, ``duplicate`` if every group was; with several groups
-    ``seq_nos`` and the count of ``duplicates``), STOP and SHUTDOWN (no field)."""
+    ``seq_nos`` and the count of ``duplicates``), JOIN (``actor_id``: the new actor's id), LEAVE
+    (``returned``: the sender's unused credits given back), STOP and SHUTDOWN (no field)."""
 
     seq_no: Count | UnsetType = UNSET
     duplicate: bool = False
     seq_nos: list[int] | UnsetType = UNSET
     duplicates: Count = 0
+    actor_id: Count | UnsetType = UNSET
+    returned: Count | UnsetType = UNSET
 
 
 class Batch(Message, frozen=True, tag="BATCH"):
@@ -333,31 +349,13 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("completion_text", pa.string(), nullable=False),
         pa.field("gen_start_time", pa.float64(), nullable=False),  # unix seconds
         pa.field("gen_seconds", pa.float64(), nullable=False),  # wall time of the generate call
-        # The weights that generated it (distrl.weights.attest), one entry per version served during the
-        # generate call (the first is policy_version); null: not stamped (--no_attest_weights, older runs).
-        pa.field("served_versions", pa.list_(pa.int64())),
-        pa.field("weights_digests", pa.list_(pa.string())),  # the verified digest of each loaded payload
-        pa.field("canary_logprobs", pa.list_(pa.float64())),  # the engine's canary logprob, nats/token
     ]
 )
-STAMP_COLUMNS = ("served_versions", "weights_digests", "canary_logprobs")  # optional in table_from_rows
-LEGACY_SCHEMA = pa.schema([f for f in COMPLETION_SCHEMA if f.name not in STAMP_COLUMNS])  # before stamps
-
-
-def upgrade(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A record batch of :data:`LEGACY_SCHEMA` (segment logs written before stamps) as COMPLETION_SCHEMA,
-    its stamp columns null; a batch of COMPLETION_SCHEMA is returned as it is."""
-    if batch.schema.equals(COMPLETION_SCHEMA):
-        return batch
-    nulls = [pa.nulls(batch.num_rows, COMPLETION_SCHEMA.field(name).type) for name in STAMP_COLUMNS]
-    return pa.RecordBatch.from_arrays(list(batch.columns) + nulls, schema=COMPLETION_SCHEMA)
 
 
 def table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing;
-    the stamp columns may be left out: null)."""
-    columns = {f.name: [row[f.name] if f.name not in STAMP_COLUMNS else row.get(f.name) for row in rows]
-               for f in COMPLETION_SCHEMA}
+    """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing)."""
+    columns = {f.name: [row[f.name] for row in rows] for f in COMPLETION_SCHEMA}
     return pa.Table.from_pydict(columns, schema=COMPLETION_SCHEMA)
 
 

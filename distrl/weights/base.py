@@ -263,7 +263,12 @@ class DirectoryLoader(Loader):
         """The local payload directory of `ann`, digest-checked. Raises WeightError."""
 
     def load(self, ann: Announcement, engine) -> Announcement:
-        engine.load_weights(ann.version, ann.format, self.fetch(ann))
+        path = self.fetch(ann)
+        try:
+            engine.load_weights(ann.version, ann.format, path)
+        except FileNotFoundError as exc:  # pruned meanwhile: the publisher keeps max_staleness + 4 versions
+            raise WeightError(f"weights of version {ann.version} were pruned while loading ({exc}): a slow actor "
+                              f"takes a newer one") from exc
         return ann
 
 
