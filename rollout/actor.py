@@ -23,6 +23,7 @@ from distrl.core.advantages import group_advantages
 from distrl.core.metrics import Metrics
 from distrl.core.wire import table_from_rows
 from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
+from distrl.weights.attest import Stamper
 from rollout.config import TaskOptions
 from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
@@ -92,6 +93,8 @@ class RolloutActor:
         self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
         self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self._connect_weights(endpoints, work_dir)
+        self.digest = ""  # the verified digest of the payload the engine serves ("": version 0, nothing loaded)
+        self.stamps = Stamper(self.engine.canary_logprob, cfg.attest_weights)  # distrl.weights.attest
         self.metrics = Metrics(tb_dir)
         self._seq = 0
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
@@ -141,11 +144,14 @@ class RolloutActor:
             log.error("%s: refusing policy version %d (%s); still serving %d", self.name, ann.version, exc,
                       self.version)
             return
+        self.digest = ann.digest
+        self.stamps.served(ann.version, ann.digest)  # the canary of the loaded weights, once per load
         log.info("%s: switched from policy version %d to %d (%s, digest %s)", self.name, served,
                  ann.version, ann.format, ann.digest[:12])
         self.metrics.scalars({"actor/policy_version": ann.version, "actor/weight_load_s": time.perf_counter() - t0,
                               "actor/publish_to_serve_s": time.time() - ann.published_at,
-                              "actor/weight_mb_fetched": self.loader.bytes_fetched / 2**20}, step=ann.version)
+                              "actor/weight_mb_fetched": self.loader.bytes_fetched / 2**20,
+                              "actor/canary_s": self.stamps.canary_s}, step=ann.version)
 
     def _skip_used_problems(self) -> None:
         """Resumed or restarted: skip the problems of this actor's groups that the buffer accepted (it counts
@@ -193,6 +199,7 @@ class RolloutActor:
         mode = self.inflight_update
         while True:
             start_version = self.version
+            self.stamps.start(start_version, self.digest)
             try:
                 hook = None if mode == "off" else self._between_steps
                 return self.engine.generate(prompts, self.cfg.group_size, self.cfg.temperature,
@@ -217,7 +224,8 @@ class RolloutActor:
         advantages = group_advantages(rewards, self.cfg.advantage_estimator)
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
-        rows = [dict(sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
+        stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
+        rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=start_version, last_policy_version=self.version,
                      prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
                      temperature=self.cfg.temperature, reward=r, reward_components=comp, advantage=a,

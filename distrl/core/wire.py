@@ -349,13 +349,31 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("completion_text", pa.string(), nullable=False),
         pa.field("gen_start_time", pa.float64(), nullable=False),  # unix seconds
         pa.field("gen_seconds", pa.float64(), nullable=False),  # wall time of the generate call
+        # The weights that generated it (distrl.weights.attest), one entry per version served during the
+        # generate call (the first is policy_version); null: not stamped (--no_attest_weights, older runs).
+        pa.field("served_versions", pa.list_(pa.int64())),
+        pa.field("weights_digests", pa.list_(pa.string())),  # the verified digest of each loaded payload
+        pa.field("canary_logprobs", pa.list_(pa.float64())),  # the engine's canary logprob, nats/token
     ]
 )
+STAMP_COLUMNS = ("served_versions", "weights_digests", "canary_logprobs")  # optional in table_from_rows
+LEGACY_SCHEMA = pa.schema([f for f in COMPLETION_SCHEMA if f.name not in STAMP_COLUMNS])  # before stamps
+
+
+def upgrade(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A record batch of :data:`LEGACY_SCHEMA` (segment logs written before stamps) as COMPLETION_SCHEMA,
+    its stamp columns null; a batch of COMPLETION_SCHEMA is returned as it is."""
+    if batch.schema.equals(COMPLETION_SCHEMA):
+        return batch
+    nulls = [pa.nulls(batch.num_rows, COMPLETION_SCHEMA.field(name).type) for name in STAMP_COLUMNS]
+    return pa.RecordBatch.from_arrays(list(batch.columns) + nulls, schema=COMPLETION_SCHEMA)
 
 
 def table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing)."""
-    columns = {f.name: [row[f.name] for row in rows] for f in COMPLETION_SCHEMA}
+    """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing;
+    the stamp columns may be left out: null)."""
+    columns = {f.name: [row[f.name] if f.name not in STAMP_COLUMNS else row.get(f.name) for row in rows]
+               for f in COMPLETION_SCHEMA}
     return pa.Table.from_pydict(columns, schema=COMPLETION_SCHEMA)
 
 
