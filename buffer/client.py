@@ -23,6 +23,7 @@ raises :class:`WireVersionMismatch`, naming both versions, at once (no re-send).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -67,6 +68,7 @@ class WireVersionMismatch(BufferRefused):
 _ERRORS = {ErrorCode.FULL: BufferFullError, ErrorCode.EXHAUSTED: ReplayExhausted,
            ErrorCode.VERSION: WireVersionMismatch}  # and no_progress: BufferStalled
 GET_RESEND_S = 2.0  # a GET with no reply is re-sent this often (a restarted buffer lost it)
+GET_HOLD_S = 0.5  # longest a GET asks the buffer to hold it while no batch can be made (below GET_RESEND_S)
 
 
 class BufferClient:
@@ -96,6 +98,7 @@ class BufferClient:
         self._sock: zmq.Socket | None = None
         self._seq = 0
         self.resends = 0
+        self.last_get_held_s = 0.0
         self._open()
 
     def _open(self) -> None:
@@ -220,15 +223,24 @@ class BufferClient:
         ``timeout_s`` None waits without limit (warning each minute); otherwise TimeoutError after it.
         ``on_wait``: called (no arguments) after each WAIT reply instead of the sleep; when it returns
         a true value (it did work, e.g. generated a group) the GET is asked again at once, else the
-        sleep follows.
+        sleep follows. Without ``on_wait`` the GET asks the buffer to hold it (``wait_s``, up to
+        GET_HOLD_S) and answer as soon as the batch can be made, instead of a WAIT now and a poll
+        later; the sleep is then what is left of ``poll_s`` (none after a held GET; a buffer that does
+        not hold answers at once and the client sleeps as before). ``last_get_held_s``: how long the
+        buffer held the request that got the batch.
         """
         start = time.monotonic()
         next_warning = start + 60.0
         while True:
+            hold = 0.0 if on_wait is not None else min(GET_HOLD_S, self.get_resend_s / 2, math.inf if timeout_s is None
+                                                        else timeout_s - (time.monotonic() - start))
+            fields = {"wait_s": round(hold, 3)} if hold >= 0.001 else {}
+            sent = time.monotonic()
             header, body = self._request(MsgType.GET, resend_s=self.get_resend_s, learner_version=learner_version,
-                                         rank=rank, world_size=world_size)
+                                         rank=rank, world_size=world_size, **fields)
             self._expect(header, MsgType.BATCH, MsgType.WAIT)
             if header.type is MsgType.BATCH:
+                self.last_get_held_s = header.held_ms / 1e3
                 return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()
             now = time.monotonic()
             have = header.reason or f"{header.fresh_groups} of {header.batch_size} fresh groups"
@@ -239,16 +251,22 @@ class BufferClient:
                 log.warning("still waiting for a batch for version %d after %.0fs (%s)",
                             learner_version, now - start, have)
                 next_warning = now + 60.0
-            if on_wait is None or not on_wait():
+            if on_wait is None:
+                time.sleep(max(0.0, poll_s - (time.monotonic() - sent)))
+            elif not on_wait():
                 time.sleep(poll_s)
 
-    def credits(self, want: int) -> dict[str, int]:
+    def credits(self, want: int, wait_s: float = 0.0) -> dict[str, int]:
         """Ask for ``want`` groups of generation: ``{granted, learner_version, min_policy_version, stop, full}``.
 
         ``stop`` is 1 once a learner has sent STOP (training is over): generate no more. ``full`` is 1
-        while the buffer holds its memory bound (then ``granted`` is 0).
+        while the buffer holds its memory bound (then ``granted`` is 0). ``wait_s`` > 0: while nothing can
+        be granted the buffer may hold the request up to that many seconds and answer as soon as credits
+        free up (the learner took a batch), instead of a grant of 0 now (a buffer older than that
+        answers at once).
         """
-        header, _ = self._request(MsgType.CREDIT, want=want)
+        fields = {"wait_s": wait_s} if wait_s > 0 else {}
+        header, _ = self._request(MsgType.CREDIT, want=want, **fields)
         self._expect(header, MsgType.GRANT)
         return {"granted": header.granted, "learner_version": header.learner_version,
                 "min_policy_version": header.min_policy_version, "stop": int(header.stop), "full": int(header.full)}

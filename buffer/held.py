@@ -6,7 +6,7 @@ columns of :class:`Slots` (seq, arrival, staleness version, reward variance, use
 that batch, its bytes, its top-k rows): eligibility, eviction and ordering are vectorized over all
 held groups, and a PUT's groups are admitted with one assignment per column (no Python object per
 group). :func:`cut` makes a batch's rows with one concatenation (of runs of neighbouring groups from
-the same message) and one take, whatever the number of groups.
+the same message) and, under top-k (k < n), one take, whatever the number of groups.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ class Slots:
 
 def cut(parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, n: int,
         stamps: np.ndarray | None) -> pa.Table:
-    """The kept rows of g groups, in order, as one contiguous table: one concatenation, one take.
+    """The kept rows of g groups, in order, as one contiguous table: one concatenation, then (top-k, k < n)
+    one take.
 
     Group j is rows ``[offset[j], offset[j] + n)`` of ``parents[j]``, of which it keeps ``keep[j]``
     ((g, k) row indices relative to the group). ``stamps``: (g,) policy versions to write over
@@ -194,8 +195,9 @@ def cut(parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, n: 
         if j == len(parents) or parents[j] is not parents[j - 1] or first[j] != first[j - 1] + n:
             slices.append(parents[start].slice(first[start], (j - start) * n))
             start = j
-    index = (keep + np.arange(0, len(parents) * n, n)[:, None]).ravel()
-    rows = (slices[0] if len(slices) == 1 else pa.concat_batches(slices)).take(pa.array(index))
+    rows = slices[0] if len(slices) == 1 else pa.concat_batches(slices)
+    if keep.shape[1] < n:  # top-k: keep k of each group's n rows (with k == n, keep is every row in order)
+        rows = rows.take(pa.array((keep + np.arange(0, len(parents) * n, n)[:, None]).ravel()))
     table = pa.Table.from_batches([rows])
     if stamps is not None:
         i = table.schema.get_field_index("policy_version")

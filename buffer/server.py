@@ -85,6 +85,7 @@ SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
 CREDIT_TIMEOUT_S = 60.0  # an actor silent this long with unused credits is lost: they return (--credit_timeout_s)
 NO_PROGRESS_GRACE_S = 10.0  # a buffer that cannot progress keeps telling clients so this long, then raises
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # plain ints: flag enum arithmetic costs microseconds
 WAIT_LOG_S = 30.0  # a kind of "GET waits" line is logged at most this often, with a count
 
 
@@ -165,6 +166,9 @@ class BufferServer:
         self.bad_requests = 0
         self.last_seen: dict[str, float] = {}  # sender -> time.monotonic() of its last request
         self._owed: dict[str, int] = {}  # sender -> credits granted to it and not yet PUT
+        self._parked: list[tuple[float, float, _Request]] = []  # CREDITs and GETs held (wait_s): (until, since, it)
+        self._parked_logged: tuple | None = None  # (logged_below, selections) when held GETs were last tried
+        self._hold_until = self._held_since = 0.0  # of the GET being answered (_try): hold it if no batch before
         self.credit_timeout_s = credit_timeout_s
         self._joined: dict[str, int] = {}  # sender name -> actor id handed out by JOIN
         self._lost: set[str] = set()  # senders whose credits returned after silence (a PUT from one is logged)
@@ -181,12 +185,14 @@ class BufferServer:
         self._running = True
         log.info("buffer serving at %s", self.address)
         while self._running and not (stop is not None and stop.is_set()):
-            ready = dict(self._poller.poll(self.poll_ms))  # requests, or a commit that finished
+            ready = dict(self._poller.poll(self._poll_timeout_ms()))  # requests, or a commit that finished
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             if self._sock in ready:
                 self._handle_queued()
             self._advance_commit()
+            if self._parked:
+                self._release_parked()
             if time.monotonic() - self._last_tick >= 1.0:
                 self._tick()
             if self._stalled() is not None and time.monotonic() - self._no_progress[1] >= NO_PROGRESS_GRACE_S:
@@ -195,6 +201,7 @@ class BufferServer:
             if self._committing is not None:
                 self._committing[0].result()
             self._advance_commit()
+        self._release_parked(everyone=True)
         self._tick()
         self.metrics.flush()
         if self._no_progress is not None and not self._shutdown_requested and not (stop is not None and stop.is_set()):
@@ -220,9 +227,11 @@ class BufferServer:
         puts: list[_Put] = []
         for _ in range(MAX_BATCH):
             try:
-                msg = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)  # zero-copy: bodies stay zmq frames
+                msg = [self._sock.recv(_NOBLOCK, copy=False)]  # zero-copy: bodies stay zmq frames
             except zmq.Again:
                 break
+            while msg[-1].more:  # recv_multipart's work without its flag enums (half its cost per request)
+                msg.append(self._sock.recv(0, copy=False))
             request = self._decode(msg)
             if isinstance(request, _Put):
                 puts.append(request)
@@ -231,7 +240,9 @@ class BufferServer:
                 if puts:  # the PUTs before it first; outside any try: a failed commit ends the server
                     self._admit_puts(puts, now)
                     puts = []
-                request = self._answer(request)
+                request = self._answer_or_hold(request)
+                if request is None:
+                    continue
             now.append(request)
             if not self._running:
                 break
@@ -271,13 +282,75 @@ class BufferServer:
         PUT under ``always``), then fsync once under ``batch``. Raises OSError on disk errors."""
         if self.segments is None:  # replay: no PUT is accepted, so nothing to write
             return
-        for groups, seq, message in appends:
-            self.segments.append(groups, seq, message)
+        self.segments.append_many(appends)  # one write system call: each one waits for the GIL again
         self.segments.commit()
 
+    def _poll_timeout_ms(self) -> int:
+        """``poll_ms``, or less when a held request's ``wait_s`` runs out sooner."""
+        if not self._parked:
+            return self.poll_ms
+        until = min(until for until, _, _ in self._parked)
+        return max(0, min(self.poll_ms, int((until - time.monotonic()) * 1000) + 1))
+
+    def _answer_or_hold(self, request: _Request) -> list | None:
+        """:meth:`_answer`, or None when the request may wait (``wait_s`` > 0) and would get nothing now, and
+        is held: a CREDIT while nothing would be granted (the rule, memory full; one that would refund its
+        sender's unused credits is answered at once), a GET while no batch can be made (:meth:`_on_get`)."""
+        header, now = request.header, time.monotonic()
+        if header.type is MsgType.GET and header.wait_s:
+            reply = self._try(request, now + header.wait_s, 0.0)
+        elif (header.type is MsgType.CREDIT and header.wait_s and not self._credits_open()
+              and header.sender not in self._owed and self._stalled() is None):
+            reply = None
+        else:
+            return self._answer(request)
+        if reply is None:
+            self._parked.append((now + header.wait_s, now, request))
+        return reply
+
+    def _try(self, request: _Request, until: float, since: float) -> list | None:
+        """:meth:`_answer`, or None for a GET with no batch yet before ``until`` (held since ``since``)."""
+        self._hold_until, self._held_since = until, since
+        try:
+            return self._answer(request)
+        finally:
+            self._hold_until = self._held_since = 0.0
+
+    def _release_parked(self, everyone: bool = False) -> None:
+        """Answer the held requests, oldest first: CREDITs once credits are open (or training is over, or the
+        run stalled), GETs once a commit made groups eligible and a batch can be made, and any whose
+        ``wait_s`` ran out (a GET is tried again after a commit or a selection); ``everyone``: all of them now."""
+        now, logged = time.monotonic(), (self.store.logged_below, self.store.selections)
+        moved, credits = logged != self._parked_logged, self._credits_open()
+        if not (everyone or moved or credits or now >= min(until for until, _, _ in self._parked)):
+            return
+        self._parked_logged = logged
+        replies, kept = [], []
+        for until, since, request in self._parked:
+            reply = None
+            if request.header.type is MsgType.GET:
+                if everyone or moved or now >= until:
+                    reply = self._try(request, 0.0 if everyone else until, since)
+            elif everyone or credits or now >= until:
+                reply = self._answer(request)
+                credits = self._credits_open()
+            if reply is None:
+                kept.append((until, since, request))
+            else:
+                replies.append(reply)
+        self._parked = kept
+        self._send(replies)
+
+    def _credits_open(self) -> bool:
+        """A held CREDIT would get an answer other than 0 granted now (credits, stop, or the run stalled)."""
+        return self._stopping or self._no_progress is not None or self.store.open_credits() > 0
+
     def _send(self, replies: list[list]) -> None:
-        for frames in replies:
-            self._sock.send_multipart(frames)
+        send = self._sock.send
+        for frames in replies:  # send_multipart's work without its flag enums (a third of its cost per reply)
+            for frame in frames[:-1]:
+                send(frame, _SNDMORE)
+            send(frames[-1], 0)
 
     def _decode(self, msg: list[zmq.Frame]) -> _Put | _Request | list:
         """One request decoded: a PUT's groups (admitted by :meth:`_admit_puts`), another request (answered
@@ -300,10 +373,12 @@ class BufferServer:
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*envelope, *self._error(exc, envelope, seq)]
 
-    def _answer(self, request: _Request) -> list:
-        """The reply frames (with the envelope) to a request other than PUT; bad fields get ERROR."""
+    def _answer(self, request: _Request) -> list | None:
+        """The reply frames (with the envelope) to a request other than PUT; bad fields get ERROR; None for
+        a GET held (:meth:`_try`)."""
         try:
-            return [*request.envelope, *self._handlers[request.header.type](request.header)]
+            frames = self._handlers[request.header.type](request.header)
+            return None if frames is None else [*request.envelope, *frames]
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*request.envelope, *self._error(exc, request.envelope, request.header.seq)]
 
@@ -346,7 +421,7 @@ class BufferServer:
             fields.update(seq_nos=[seq for seq, _ in results], duplicates=len(results) - new)
         return wire.encode(MsgType.ACK, SENDER, put.header.seq, **fields)
 
-    def _on_get(self, header: wire.Get) -> list[bytes]:
+    def _on_get(self, header: wire.Get) -> list[bytes] | None:
         t0 = time.perf_counter()
         version, rank, world_size = header.learner_version, header.rank, header.world_size
         stalled = self._stalled()
@@ -359,6 +434,8 @@ class BufferServer:
                 raise Exhausted(f"the replayed log cannot feed version {version}: {self.store.fresh_groups(version)} "
                                 f"of {self.store.batch_size} groups left are eligible (the others were used "
                                 f"replay_ratio={self.store.replay_ratio} times or are too stale)")
+            if time.monotonic() < self._hold_until:
+                return None  # held (wait_s): tried again after each commit, answered WAIT when it runs out
             reason = self.store.wait_reason(version)
             self._log_wait(reason)
             return wire.encode(MsgType.WAIT, SENDER, header.seq, fresh_groups=self.store.fresh_groups(version),
@@ -368,8 +445,9 @@ class BufferServer:
             for r, s in enumerate(self.store.selection(version)):
                 self.consumed.append(version, r, s, world_size)
             self._log_selection(version)
+        held = {"held_ms": round((time.monotonic() - self._held_since) * 1e3, 3)} if self._held_since else {}
         reply = wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,
-                            rank=rank, world_size=world_size, rows=shard.num_rows)
+                            rank=rank, world_size=world_size, rows=shard.num_rows, **held)
         self._get_ms.append((time.perf_counter() - t0) * 1e3)
         return reply
 

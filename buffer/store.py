@@ -505,12 +505,13 @@ class GroupStore:
         """
         if want < 0:
             raise ValueError(f"want must be >= 0, got {want}")
-        if self.full:
-            return 0
-        allowed = self.allowed_groups - (self.credits_granted - self.credits_refunded)
-        granted = max(0, min(want, allowed))
+        granted = min(want, self.open_credits())
         self.credits_granted += granted
         return granted
+
+    def open_credits(self) -> int:
+        """Credits :meth:`grant_credits` would grant now to any ``want`` (>= 0): the rule's room, 0 while full."""
+        return 0 if self.full else max(0, self.allowed_groups - (self.credits_granted - self.credits_refunded))
 
     def refund_credits(self, n: int) -> int:
         """Give back ``n`` granted credits that will never be PUT (a client that restarted or left, a lost

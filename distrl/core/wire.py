@@ -146,19 +146,25 @@ class Put(Message, frozen=True, tag="PUT"):
 
 
 class Get(Message, frozen=True, tag="GET"):
-    """learner -> buffer: rank ``rank`` of ``world_size`` asks for its shard of version ``learner_version``."""
+    """learner -> buffer: rank ``rank`` of ``world_size`` asks for its shard of version ``learner_version``.
+    ``wait_s``: while no batch can be made the buffer may hold the request up to this many seconds and
+    answer BATCH as soon as one can (0: answer WAIT at once)."""
 
     learner_version: Version
     rank: Annotated[int, Meta(ge=0, le=4095)]
     world_size: Annotated[int, Meta(ge=1, le=4096)]
+    wait_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 0.0
 
 
 class Credit(Message, frozen=True, tag="CREDIT"):
     """actor -> buffer: may I generate ``want`` groups? With ``actor_id`` the GRANT also says how many
-    groups of that actor id the buffer has accepted (a restarted or resumed actor skips that many problems)."""
+    groups of that actor id the buffer has accepted (a restarted or resumed actor skips that many problems).
+    ``wait_s``: while the buffer would grant nothing (the credit rule, or memory full), it may hold the
+    request up to this many seconds and answer as soon as credits free up (0: answer at once)."""
 
     want: Annotated[int, Meta(ge=0, le=2**31)]
     actor_id: Annotated[int, Meta(ge=0, le=2**31)] | UnsetType = UNSET
+    wait_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 0.0
 
 
 class Grant(Message, frozen=True, tag="GRANT"):
@@ -214,12 +220,14 @@ class Ack(Message, frozen=True, tag="ACK"):
 
 
 class Batch(Message, frozen=True, tag="BATCH"):
-    """Reply to GET; the body is the rank's shard (``rows`` completions)."""
+    """Reply to GET; the body is the rank's shard (``rows`` completions). ``held_ms``: how long the buffer
+    held the GET (``wait_s``) before the batch could be made."""
 
     learner_version: Count
     rank: Count
     world_size: Count
     rows: Count
+    held_ms: Annotated[float, Meta(ge=0.0)] = 0.0
 
 
 class Wait(Message, frozen=True, tag="WAIT"):
