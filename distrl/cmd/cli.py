@@ -16,6 +16,7 @@ import tyro
 from distrl.cmd.config import BufferConfig, EvalConfig, LearnConfig, ReplayConfig, RolloutConfig, TrainConfig
 from distrl.cmd.configfile import ConfigFileError, expand_config
 from distrl.cmd.faults import RoleFailed, as_interrupted, raise_on_signals
+from distrl.cmd.join import expand_join
 from distrl.cmd.preflight import preflight
 from distrl.core.errors import NoProgress, PreflightError
 from distrl.core.logs import quiet_libraries
@@ -39,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     configs = {name: cls for name, (cls, _) in COMMANDS.items()}
     # no "Writing model shards" bar per published version (roles inherit it; set it to 0 to see them)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:  # --config FILE: its flags go before the command line's, so the command line wins
+    try:  # --config FILE, then `rollout --join RUN`: their flags go before the command line's, so it wins
         argv = expand_config(sys.argv[1:] if argv is None else list(argv), configs, shared=SHARED_CONFIG_FILE)
+        argv = expand_join(argv, RolloutConfig)
     except ConfigFileError as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         return 2

@@ -320,8 +320,8 @@ class _RolloutEndpoints:
     """This actor's index (its seed offset, log and TensorBoard names); with --join the buffer picks a fresh one."""
     join: Optional[str] = None
     """Join a running run: its run directory or its `join.json` (written by `distrl train` and `distrl buffer`;
-    copy it to this host if the directory is not shared). Every option this command line leaves at its default
-    comes from the run (addresses, weight transport, model, task, sampling, CURVE keys); the buffer gives a
+    copy it to this host if the directory is not shared). The run's options (addresses, weight transport, model,
+    task, sampling, CURVE keys) come first and the flags given here win over them; the buffer gives a
     fresh --actor_id; the actor starts at the current policy version. Stopped cleanly (SIGTERM, Ctrl-C) it tells
     the buffer, which returns its unused credits (docs/multinode.md, "Actors that join and leave")."""
     weights_pub: str = DEFAULT_WEIGHTS_PUB
@@ -345,7 +345,8 @@ class RolloutConfig(_Composed, _RolloutEndpoints, _BufferAddress, RolloutOptions
     rules = (actors_exist,)
 
     def resolve(self) -> None:
-        """--join: the run's options first (distrl.cmd.join.apply_join), then each section's derived values."""
+        """--join: where it writes and what cannot be joined (distrl.cmd.join.apply_join; `distrl rollout` put
+        the run's options before the command line's flags), then each section's derived values."""
         if self.join is not None:
             from distrl.cmd.join import apply_join
 

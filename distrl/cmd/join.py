@@ -4,11 +4,12 @@ joining actor makes of it.
 The driver writes ``<run_dir>/join.json`` (:mod:`distrl.core.join`, mode 0600) once its learners' weight
 endpoints are bound: the buffer and weight addresses, the weight transport, the rollout options of the run
 (model, task, sampling: every `distrl rollout` flag `distrl train` also has) and, with CURVE on, the run's
-client keys. ``distrl rollout --join <run dir or join file>`` takes every option from it that the command
-line leaves at its default (so a host-local flag such as --engine, --torch_threads or --weights_transport
-overrides it), asks the buffer for a fresh actor id (JOIN), loads the newest weights and asks for credits
-by the same rule as every actor. A run whose version 0 is a directory that this host lacks is refused with
-what to pass (--model). ``nccl`` weights cannot be joined (their group is fixed at start).
+client keys. ``distrl rollout --join <run dir or join file>`` takes the run's options as flags placed before
+the command line's own (:func:`expand_join`, as a --config file's: a flag given on the command line, such
+as a host-local --engine, --torch_threads or --weights_transport, wins), asks the buffer for a fresh actor
+id (JOIN), loads the newest weights and asks for credits by the same rule as every actor. A run whose
+version 0 is a directory that this host lacks is refused with what to pass (--model). ``nccl`` weights
+cannot be joined (their group is fixed at start).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from distrl.cmd.configfile import flag_tokens
 from distrl.core.join import join_file_path, read_join_file, write_join_file
 
 log = logging.getLogger("distrl.cmd.join")
@@ -46,16 +48,37 @@ def write_train_join_file(cfg, run_dir: Path, model_dir: str, endpoints, keys, f
     log.info("join file %s: `distrl rollout --join %s` adds an actor to this run", path, run_dir)
 
 
+def expand_join(argv: list[str], config_class: type) -> list[str]:
+    """``argv`` (``[command, flags...]``) with the run's options from the join file of its last ``--join``
+    inserted after the command `rollout` (``config_class``: its RolloutConfig), so that the command line's
+    own flags, and a --config file's, win. Other commands, and a join file that cannot be read (the config
+    then refuses --join with the reason), are left alone."""
+    if not argv or argv[0] != "rollout":
+        return argv
+    where = None
+    for i, token in enumerate(argv[1:], start=1):
+        if token == "--join" and i + 1 < len(argv):
+            where = argv[i + 1]
+        elif token.startswith("--join="):
+            where = token.split("=", 1)[1]
+    if where is None or where == "None":
+        return argv
+    try:
+        options = read_join_file(where)["config"]
+    except ValueError:
+        return argv
+    names = {f.name for f in dataclasses.fields(config_class)} - NOT_JOINED
+    return [argv[0], *flag_tokens({k: v for k, v in options.items() if k in names}, config_class, where), *argv[1:]]
+
+
 def apply_join(cfg) -> None:
-    """Fill ``cfg`` (a RolloutConfig with ``join`` set, before its own resolve) from the join file: each
-    option left at its default takes the run's value; the run directory is the run's when this host has it.
-    Raises FileNotFoundError or ValueError naming what to pass."""
+    """Check ``cfg`` (a RolloutConfig with ``join`` set, its options from the join file already: `distrl
+    rollout` expands them into flags, :func:`expand_join`) before its own resolve: the run directory is the
+    run's when this host has it; nccl and a model directory this host lacks are refused. Raises ValueError
+    naming what to pass."""
     info = read_join_file(cfg.join)
     cfg.join = str(join_file_path(cfg.join))
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
-    for name, value in info["config"].items():
-        if name in defaults and name not in NOT_JOINED and getattr(cfg, name) == defaults[name]:
-            setattr(cfg, name, value)
     run_dir = Path(info.get("run_dir", "joined"))
     if not cfg.run_name:  # the run's own directory when it is here (shared or the same host), else a local one
         if cfg.log_dir == defaults["log_dir"] and run_dir.is_dir():

@@ -37,11 +37,11 @@ def join_file_path(where: str | os.PathLike) -> Path:
 
 
 def read_join_file(where: str | os.PathLike) -> dict:
-    """The join file's contents (``where``: the file or its run directory). Raises FileNotFoundError naming
-    what to give, ValueError if it is not a join file."""
+    """The join file's contents (``where``: the file or its run directory). Raises ValueError naming what to
+    give when there is none, or when it is not a join file (a bad flag: the command line says so)."""
     path = join_file_path(where)
     if not path.is_file():
-        raise FileNotFoundError(f"--join {where}: no {JOIN_FILE} there (`distrl train` and `distrl buffer` write "
+        raise ValueError(f"--join {where}: no {JOIN_FILE} there (`distrl train` and `distrl buffer` write "
                                 f"it into their run directory once the run's endpoints are up; copy it to "
                                 f"this host if the run directory is not shared)")
     info = json.loads(path.read_text())
