@@ -300,7 +300,7 @@ class BufferServer:
         if header.type is MsgType.GET and header.wait_s:
             reply = self._try(request, now + header.wait_s, 0.0)
         elif (header.type is MsgType.CREDIT and header.wait_s and not self._credits_open()
-              and header.sender not in self._owed and self._stalled() is None):
+              and not self._owed.get(header.sender) and self._stalled() is None):
             reply = None
         else:
             return self._answer(request)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from buffer.client import BufferClient
-from tests.helpers import new_buffer
+from tests.helpers import make_group, new_buffer
 
 # batch_size 2, max_staleness 1: the rule allows (learner_version + 2) * 2 groups
 
@@ -76,3 +76,12 @@ def test_stop_answers_the_held_credits_with_stop(server):
         learner.stop()
         thread.join(timeout=5)
         assert out["reply"] == {**out["reply"], "granted": 0, "stop": 1} and out["s"] < 5.0
+
+
+def test_an_actor_that_put_its_grant_is_held_too(server):
+    with client(server, "actor0") as a0:
+        assert a0.credits(4)["granted"] == 4
+        a0.put_many([make_group(f"g{i}") for i in range(4)])  # its grant is used: nothing owed
+        t0 = time.monotonic()
+        assert a0.credits(2, wait_s=0.3)["granted"] == 0
+        assert time.monotonic() - t0 >= 0.25  # held, not answered at once
