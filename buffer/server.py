@@ -496,6 +496,9 @@ class BufferServer:
         """Liveness: the unused credits of a sender silent for ``credit_timeout_s`` return (it is lost)."""
         now = time.monotonic()
         for sender in [s for s in self._owed if now - self.last_seen.get(s, now) > self.credit_timeout_s]:
+            if not self._owed[sender]:  # it PUT all it was granted: nothing to return, no one to call lost
+                del self._owed[sender]
+                continue
             returned = self.store.refund_credits(self._owed.pop(sender))
             self._lost.add(sender)
             self.departures["lost"] += 1
