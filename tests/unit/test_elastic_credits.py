@@ -98,3 +98,13 @@ def test_store_counts_groups_beyond_the_rule():
     assert store.select(1, 0, 1) is not None  # version 1 allows 6: one more fits
     store.put(make_group("g5", policy_version=1))
     assert store.credit_violations == 1
+
+
+def test_a_silent_actor_that_put_all_it_was_granted_is_not_lost(tmp_path):
+    with serving(tmp_path, credit_timeout_s=0.3) as server, client(server, "actor0") as a, \
+            client(server, "actor1") as b:
+        assert a.credits(1)["granted"] == 1
+        a.put(make_group("a0", actor_id=0))
+        time.sleep(1.5)  # a few ticks past the timeout
+        stats = b.stats()
+    assert (stats["lost"], stats["owed"], stats["credits_returned_on_timeout"]) == (0, {}, 0)
