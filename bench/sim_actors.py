@@ -21,6 +21,7 @@ from distrl.core import wire
 from distrl.core.wire import COMPLETION_SCHEMA, MsgType
 
 ID_WIDTH = 12  # digits of the per-actor group counter written into the ids
+_SNDMORE = int(zmq.SNDMORE)  # a plain int: pyzmq's flag enums cost microseconds a message
 _PV = 0x5A5A5A5A00000000  # policy_version sentinels: found in the template bytes, then overwritten
 
 
@@ -121,7 +122,7 @@ class Actor:
         self.seq += 1
         self.pending = None
         self.credit_requests += 1
-        self.sock.send_multipart(wire.encode(MsgType.CREDIT, self.name, self.seq, want=self.want, **self.wait))
+        self.sock.send(wire.encode(MsgType.CREDIT, self.name, self.seq, want=self.want, **self.wait)[0], 0)
 
     def on_reply(self, frames: list[bytes], idle_s: float, stopping: bool) -> bool:
         """Handle one reply; returns True when a request was sent (False: the actor waits for ``ask_at``).
@@ -140,7 +141,8 @@ class Actor:
             body = self.bodies[header.granted].fill(self.counter, header.learner_version)
             self.counter += header.granted
             self.pending = header.granted
-            self.sock.send_multipart([wire.encode(MsgType.PUT, self.name, self.seq)[0], body], copy=False)
+            self.sock.send(wire.encode(MsgType.PUT, self.name, self.seq)[0], _SNDMORE)
+            self.sock.send(body, 0, copy=False)
             return True
         else:
             self.refused += 1
@@ -179,7 +181,7 @@ def actor_host(address: str, ids: list[int], want: int, wait_s: float, idle_s: f
         timeout = 0.05 if not waiting else max(0.0, min(waiting) - now)
         for sock, _ in poller.poll(int(timeout * 1000) + 1):
             a = by_sock[sock]
-            if not a.on_reply(sock.recv_multipart(), idle_s, stopping):
+            if not a.on_reply([sock.recv(0)], idle_s, stopping):  # replies are one frame (no body)
                 busy.discard(a)
         if stopping and time.monotonic() > deadline + 10:
             raise RuntimeError(f"{len(busy)} actors got no reply within 10 s of the end")

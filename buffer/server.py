@@ -61,6 +61,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -85,6 +86,7 @@ SENDER = "buffer"
 MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against made-up names)
 CREDIT_TIMEOUT_S = 60.0  # an actor silent this long with unused credits is lost: they return (--credit_timeout_s)
 NO_PROGRESS_GRACE_S = 10.0  # a buffer that cannot progress keeps telling clients so this long, then raises
+GIL_SWITCH_S = 0.0005  # the GIL switch interval while serving (see BufferServer.serve)
 _NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)  # plain ints: flag enum arithmetic costs microseconds
 WAIT_LOG_S = 30.0  # a kind of "GET waits" line is logged at most this often, with a count
 
@@ -181,7 +183,18 @@ class BufferServer:
     # ---- loop --------------------------------------------------------------------------------
 
     def serve(self, stop: threading.Event | None = None) -> None:
-        """Answer requests until a SHUTDOWN request or until ``stop`` is set. Does not close."""
+        """Answer requests until a SHUTDOWN request or until ``stop`` is set. Does not close. While it
+        serves, the process's GIL switch interval is at most GIL_SWITCH_S: the commit thread waits for
+        the GIL after each system call (write, fsync) while this loop runs, up to the interval (5 ms by
+        default) each time, and its commit's ACKs wait with it."""
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, GIL_SWITCH_S))
+        try:
+            self._serve(stop)
+        finally:
+            sys.setswitchinterval(switch)
+
+    def _serve(self, stop: threading.Event | None) -> None:
         self._running = True
         log.info("buffer serving at %s", self.address)
         while self._running and not (stop is not None and stop.is_set()):
