@@ -52,10 +52,11 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
     options.update({name: getattr(cfg, name) for name in OVERRIDES if getattr(cfg, name) is not None})
     options.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(SelectionOptions)})
     # a replay has no actors, no generator and no run to resume: its versions go to <out>/weights, whatever
-    # the source run's --weights_transport was (nccl would wait for actors to join its broadcast)
+    # the source run's --weights_transport was (nccl would wait for actors to join its broadcast); the logged
+    # groups' weight stamps are the source run's weights, not this learner's: no attestation
     options.update(run_name=cfg.run_name, log_dir=cfg.log_dir, group_size=group_size, number_of_learners=1,
                    number_of_actors=1, max_steps=cfg.max_steps or 1, learner_generates=False, resume=None,
-                   weights_transport="fs")
+                   weights_transport="fs", attest_weights=False)
     if cfg.model is not None:
         options["model"] = cfg.model
     return TrainConfig(**options)

@@ -73,10 +73,10 @@ def test_a_published_digest_that_differs_quarantines_and_unknown_stamps_are_kept
     att = Attestor(tol=1e-4)
     att.record(3, -4.0, digest="xxh3_128:aa")
     table = pa.concat_tables([stamped("other", 0, [3], [-4.0], digest="xxh3_128:bb"), stamped("old", 0, [2], [-9.0]),
-                              make_group("unstamped")])
-    verdict = att.check(table)
+                              make_group("unstamped"), stamped("shared", -1, [3], [-4.0], digest="")])
+    verdict = att.check(table)  # "shared": --learner_generates samples the learner's own model, loads nothing
     assert verdict.quarantined == 1 and "digest" in verdict.lines[0]
-    assert verdict.unattested == 2 and set(verdict.kept.column("group_id").to_pylist()) == {"old", "unstamped"}
+    assert verdict.unattested == 2 and set(verdict.kept.column("group_id").to_pylist()) == {"old", "unstamped", "shared"}
 
 
 def test_consecutive_versions_with_quarantined_groups_stop_the_run():
