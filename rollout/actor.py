@@ -3,10 +3,13 @@
 One actor owns one engine. Each turn it asks the buffer for credits (one credit = one group). The
 reply carries the oldest policy version the learners can still use (`min_policy_version`); the actor
 loads the newest announced version between generate calls, and waits for one if it serves an older
-version than that. A group's completions carry the version served when the generate call started
-(`policy_version`) and the newest one served before it ended (`last_policy_version`: they differ only
-with `--inflight_update finish`, which loads versions between decode steps). The loop ends when the
-buffer's credit reply says ``stop`` (the learners are done).
+version than that. The engine yields each group as soon as its last completion ends
+(``Engine.generate_groups``): the actor scores it and PUTs it then, while the other groups of the call
+go on generating. A group's completions carry the version of its first token (`policy_version`) and of
+its last (`last_policy_version`: they differ only with `--inflight_update finish`, which loads versions
+between decode steps; an engine that records no per-completion versions gives the call's start and the
+version served when the group ended). The loop ends when the buffer's credit reply says ``stop`` (the
+learners are done).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 
@@ -25,6 +29,7 @@ from distrl.core.wire import table_from_rows
 from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
 from distrl.weights.attest import Stamper
 from rollout.config import TaskOptions
+from rollout.engines.base import PromptResult
 from rollout.prompt_fit import LongPrompts, prompt_limit
 from rollout.rewards import UserReward, apply_truncation
 
@@ -76,7 +81,8 @@ class RolloutActor:
         self.inflight_update = "off"
         if engine is None:
             engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
-                                 seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora)
+                                 seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora, batching=cfg.batching,
+                                 max_num_seqs=cfg.max_num_seqs, lora=cfg.finetune == "lora")
             self.inflight_update = cfg.inflight_update
         self.engine = engine
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
@@ -189,23 +195,33 @@ class RolloutActor:
             self._refresh_weights(0, self.weights.seen[target])
             self._evaluate_if_due()
 
-    def _generate(self, prompts: list[list[int]], seed: int) -> tuple[list, int]:
-        """Generate with the served version; with --inflight_update, switch versions mid-call.
+    def _generate(self, prompts: list[list[int]], seed: int) -> Iterator[list[tuple[int, PromptResult, tuple]]]:
+        """Generate with the served version, yielding each group as its last completion ends (the engine's
+        ``generate_groups``): lists of (prompt index, result, (policy_version, last_policy_version)).
 
-        `finish`: a newer version is loaded between decode steps and the running completions go on
-        with it. `abort`: the call is dropped, the newer version loaded, and the prompts generated
-        again. Returns (results, the version the call started with).
+        With --inflight_update `finish`, a newer version is loaded between decode steps and the running
+        completions go on with it; a group's versions are those of its first and last tokens. `abort`:
+        the call is dropped, the newer version loaded, and the prompts whose groups were not yet yielded
+        generated again.
         """
-        mode = self.inflight_update
-        while True:
+        left = list(range(len(prompts)))
+        while left:
             start_version = self.version
+            base = start_version - self.engine.version  # 0, or the learner's version for a shared engine
             self.stamps.start(start_version, self.digest)
+            hook = None if self.inflight_update == "off" else self._between_steps
+            done: set[int] = set()
             try:
-                hook = None if mode == "off" else self._between_steps
-                return self.engine.generate(prompts, self.cfg.group_size, self.cfg.temperature,
-                                            self.cfg.max_new_tokens, between_steps=hook, seed=seed), start_version
+                for finished in self.engine.generate_groups([prompts[i] for i in left], self.cfg.group_size,
+                                                            self.cfg.temperature, self.cfg.max_new_tokens,
+                                                            between_steps=hook, seed=seed):
+                    done.update(left[j] for j, _ in finished)
+                    yield [(left[j], result, _versions(result, base, start_version, self.version))
+                           for j, result in finished]
+                return
             except VersionBoundary:
                 self.aborted_calls += 1
+                left = [i for i in left if i not in done]
                 self._refresh_weights(0)
 
     def _between_steps(self) -> None:
@@ -215,8 +231,10 @@ class RolloutActor:
             self._refresh_weights(0)  # in place: the running completions continue with it
 
     def _make_group(self, problem, prompt_text: str, result, t0: float, gen_s: float,
-                    start_version: int) -> pa.Table:
-        """Score one prompt's completions, compute the group's advantages, build its Arrow rows."""
+                    versions: tuple[int, int]) -> pa.Table:
+        """Score one prompt's completions, compute the group's advantages, build its Arrow rows.
+        ``versions``: the policy versions of the group's first and last tokens; ``gen_s``: seconds from
+        the call's start to the group's end."""
         comps = result.completions
         scored = [apply_truncation(*self.reward(c.text, c.token_ids, problem), c.finish_reason, self.cfg.truncation)
                   for c in comps]
@@ -225,8 +243,9 @@ class RolloutActor:
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
         stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
+        stamp = _served_within(stamp, *versions)  # continuous batching: those this group's tokens saw
         rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
-                     actor_id=self.actor_id, policy_version=start_version, last_policy_version=self.version,
+                     actor_id=self.actor_id, policy_version=versions[0], last_policy_version=versions[1],
                      prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
                      temperature=self.cfg.temperature, reward=r, reward_components=comp, advantage=a,
                      finish_reason=c.finish_reason, prompt_text=prompt_text, completion_text=c.text,
@@ -242,11 +261,15 @@ class RolloutActor:
         seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.cfg.group_size
         self.position += granted
         t0, c0 = time.time(), time.perf_counter()
-        results, start_version = self._generate(list(prompt_ids), seed)
+        start_version, groups, results = self.version, [], []
+        for finished in self._generate(list(prompt_ids), seed):  # PUT each group as soon as it ends
+            gen_s = time.perf_counter() - c0
+            ended = [self._make_group(problems[i], prompts[i], result, t0, gen_s, versions)
+                     for i, result, versions in finished]
+            self.client.put_many(ended)  # one message, acknowledged once every group is in the segment log
+            groups += ended
+            results += [result for _, result, _ in finished]
         gen_s = time.perf_counter() - c0
-        groups = [self._make_group(problem, prompt, result, t0, gen_s, start_version)
-                  for problem, prompt, result in zip(problems, prompts, results)]
-        self.client.put_many(groups)  # one message, acknowledged once every group is in the segment log
         rewards = [r for g in groups for r in g.column("reward").to_pylist()]
         tokens = sum(len(c.token_ids) for result in results for c in result.completions)
         self.tokens += tokens
@@ -306,6 +329,25 @@ class RolloutActor:
             self.reward.close()
         self.loader.close()
         self.weights.close()
+
+
+def _versions(result: PromptResult, base: int, start_version: int, version: int) -> tuple[int, int]:
+    """A group's (policy_version, last_policy_version): ``base`` plus the engine versions of its first and
+    last tokens (the HF engine records them), else the call's start version and the version served now."""
+    stamped = [c.versions for c in result.completions if c.versions is not None]
+    if not stamped:
+        return start_version, version
+    return base + min(v[0] for v in stamped), base + max(v[1] for v in stamped)
+
+
+def _served_within(stamp: dict, first: int, last: int) -> dict:
+    """The stamp fields (distrl.weights.attest.Stamper.fields) of the versions in [first, last] only (all of
+    them when none is, or when stamps are off)."""
+    served = stamp.get("served_versions")
+    keep = [i for i, v in enumerate(served or []) if first <= v <= last]
+    if not keep or len(keep) == len(served):
+        return stamp
+    return {k: [v[i] for i in keep] for k, v in stamp.items()}
 
 
 def samples_markdown(groups: list[pa.Table], n: int) -> str:

@@ -7,7 +7,8 @@ behavior logprobs are those of exactly the weights the learner trains (fp32 head
 The learner calls :meth:`LearnerGenerator.generate_once` each time its GET is answered WAIT; it asks
 the buffer for credits like any actor (so the staleness bound and the credit rule hold), generates and
 PUTs the granted groups through the actor's own ``step`` (prompts, rewards, group advantages and rows
-are the actor's code), then the learner asks for its batch again.
+are the actor's code; each group PUT as soon as its last completion ends, batched by --batching), then
+the learner asks for its batch again.
 
 Identity in the data: ``actor_id = -1 - rank`` (never a real actor's id) and group ids that start with
 ``learner<rank>@<host>``; the schema has no host column, so the host travels in the group id.
@@ -51,7 +52,8 @@ class LearnerGenerator(RolloutActor):
 
         self.rank, self.model, self._policy_version = rank, model, policy_version
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
-        engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank)
+        engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank,
+                                  batching=cfg.batching, max_num_seqs=cfg.max_num_seqs)
         super().__init__(cfg, -1 - rank,
                          ActorEndpoints(buffer_address, "", ""), model_dir, work_dir=str(cfg.run_dir),
                          tb_dir=tb_dir, engine=engine, name=f"learner{rank}@{socket.gethostname()}")

@@ -109,8 +109,8 @@ class PromptOptions:
 
 @dataclass
 class TaskOptions:
-    """How a generator's completions are scored, long prompts treated and held-out problems set aside:
-    read by actors, --learner_generates and the warm start (with PromptOptions)."""
+    """How a generator's completions are batched and scored, long prompts treated and held-out problems set
+    aside: read by actors, --learner_generates and the warm start (with PromptOptions)."""
 
     reward: Optional[str] = None
     """Your own reward instead of the task's: `module:function` (importable) or `path/to/file.py:function`.
@@ -137,6 +137,16 @@ class TaskOptions:
     eval_size: int = 64
     """Held-out problems (with --eval_every): a seeded set of expressions for arith, a seeded choice of
     dataset rows otherwise; every actor leaves them out of its training stream."""
+    batching: Literal["continuous", "static"] = "continuous"
+    """How the HF engine (--engine hf, --learner_generates) batches the completions of one generate call:
+    `continuous` keeps --max_num_seqs of them decoding and gives a finished one's slot (stop token or
+    --max_new_tokens) to a waiting one at once; `static` runs batches of --max_num_seqs, each to its
+    longest completion. Same tokens and logprobs (greedy: identical); either way a group is scored and
+    PUT as soon as its last completion ends. `static` is kept as the reference and for comparison
+    (bench/real_workload.py). vLLM always batches continuously (its own scheduler)."""
+    max_num_seqs: Optional[int] = None
+    """Most completions an actor's engine decodes at once: the HF engine's slots (unset: every completion
+    of a generate call), vLLM's max_num_seqs (unset: vLLM's default)."""
 
     def resolve(self) -> None:
         """A --reward file becomes an absolute path, so that roles started elsewhere (Ray workers, another
@@ -157,6 +167,10 @@ class TaskOptions:
             raise ValueError(f"--long_prompts must be one of skip, truncate, error, got {self.long_prompts!r}")
         if self.eval_every is not None and self.eval_every < 0:
             raise ValueError(f"--eval_every must be >= 0 (0 or unset: no evaluation), got {self.eval_every}")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"--batching must be continuous or static, got {self.batching!r}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise ValueError(f"--max_num_seqs must be >= 1 or unset, got {self.max_num_seqs}")
         if self.eval_size < 1:
             raise ValueError(f"--eval_size must be >= 1, got {self.eval_size}")
 

@@ -12,7 +12,8 @@ __all__ = ["ENGINES", "FORMATS", "Completion", "Engine", "PromptResult", "VLLMEn
 
 
 def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
-                max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False) -> Engine:
+                max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False,
+                batching: str = "continuous", max_num_seqs: int | None = None) -> Engine:
     """The generation engine of ``kind`` (``--engine``): ``vllm`` or ``hf``.
 
     Args:
@@ -25,13 +26,17 @@ def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str 
         seed: sampling seed of the engine.
         merge_lora: load LoRA versions by merging them into the base weights (W + B A alpha/r) and
             loading the result as full weights, for engines without LoRA support.
+        batching: ``continuous`` or ``static`` (``hf``; vLLM's scheduler is continuous).
+        max_num_seqs: most completions decoded at once (None: all of a call for ``hf``, vLLM's default).
     Raises:
         ValueError: an unknown ``kind``.
     """
     if kind == "vllm":
-        return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora)
+        return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora,
+                          max_num_seqs=max_num_seqs)
     if kind == "hf":
         from rollout.engines.hf import HFEngine
 
-        return HFEngine(model, tokenizer, dtype, max_model_len, seed, merge_lora=merge_lora)
+        return HFEngine(model, tokenizer, dtype, max_model_len, seed, merge_lora=merge_lora, batching=batching,
+                        max_num_seqs=max_num_seqs)
     raise ValueError(f"unknown engine {kind!r}; expected one of {ENGINES}")

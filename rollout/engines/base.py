@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 ENGINES = ("vllm", "hf")
 FORMATS = ("lora", "full")
@@ -27,13 +27,16 @@ class Completion:
     """One sampled completion: ``token_ids`` (T,), ``logprobs`` (T,) in nats, after temperature.
 
     ``token_ids`` include the stop token when ``finish_reason`` is ``"stop"``; ``"length"`` means the
-    completion hit ``max_new_tokens`` (or the engine's ``max_model_len``).
+    completion hit ``max_new_tokens`` (or the engine's ``max_model_len``). ``versions``: the engine's
+    ``version`` when its first and its last token were sampled (they differ only when an in-flight
+    update loaded a version while it ran); None: the version served for the whole call.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str
+    versions: tuple[int, int] | None = None
 
 
 @dataclass
@@ -66,7 +69,6 @@ class Engine(ABC):
 
     supports_inflight = False  # generate(..., between_steps=...) can switch versions mid-generation
 
-    @abstractmethod
     def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                  between_steps=None, seed: int | None = None) -> list[PromptResult]:
         """Sample ``n`` completions for each prompt with the version served.
@@ -84,8 +86,21 @@ class Engine(ABC):
                 a resumed actor draws the same completions as the run it continues; None: the
                 engine's own random stream.
         Returns:
-            P results in prompt order, each with n completions.
+            P results in prompt order, each with n completions (:meth:`generate_groups`, gathered).
         """
+        results: list[PromptResult | None] = [None] * len(prompts)
+        for finished in self.generate_groups(prompts, n, temperature, max_new_tokens, between_steps, seed):
+            for i, result in finished:
+                results[i] = result
+        return results
+
+    @abstractmethod
+    def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                        between_steps=None, seed: int | None = None) -> Iterator[list[tuple[int, PromptResult]]]:
+        """As :meth:`generate`, but yields each group as soon as its last completion ends: lists of
+        ``(prompt index, result)`` (the groups that ended together), every prompt exactly once, in the
+        order they end. The caller may score and PUT a group while the others are still generating.
+        Errors (a prompt too long, a bad temperature) are raised at the first ``next``."""
 
     @abstractmethod
     def load_weights(self, version: int, fmt: str, path: str | Path) -> None:

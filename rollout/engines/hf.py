@@ -1,6 +1,11 @@
 """The transformers engine (``--engine hf``): batched sampling with a KV cache, for machines without vLLM.
 
-Sampling: each prompt is repeated ``n`` times, the batch is left-padded (positions count real tokens
+Batching (``batching``): ``continuous`` (the default) keeps ``max_num_seqs`` rows decoding and gives a
+row's slot to a waiting row as soon as it ends (:mod:`rollout.engines.hf_continuous`); ``static`` runs
+batches of ``max_num_seqs`` rows, each to its longest row. Either way :meth:`HFEngine.generate_groups`
+yields each group when its last completion ends (the actor scores and PUTs it then).
+
+Static sampling: each prompt is repeated ``n`` times, the batch is left-padded (positions count real tokens
 only), and one loop samples every row with the KV cache of ``model(..., past_key_values=...)``. At
 each step the head runs in fp32 on the last hidden state, as the learner's does (``learn/logprobs.py``):
 ``logp = log_softmax(linear(h.float(), W_head.float()) / T)``; the token is drawn from ``exp(logp)``
@@ -18,24 +23,27 @@ Weights by version:
 
 Fast path (``fast``, on by default on CUDA): :class:`rollout.engines.hf_fast.StaticSampler` samples the
 same way over a static KV cache with the decode step captured once in a CUDA graph (same tokens and
-logprobs; see that module). Loads that change modules rather than values (the first adapter, another
-adapter shape, unloading it) drop its graphs, which are captured again at the next step.
+logprobs; see that module); continuous batching captures its own step the same way. Loads that change
+modules rather than values (the first adapter, another adapter shape, unloading it) drop the graphs,
+which are captured again at the next step.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from distrl.core.dtypes import resolve_dtype
 from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
+from rollout.engines.hf_continuous import ContinuousSampler, Finished
 from rollout.engines.hf_fast import StaticSampler, supports_static
 from rollout.engines.merge import checkpoint_shapes, iter_safetensors, local_model_dir, merged_weights, read_safetensors
 
 INFLIGHT_INTERVAL = 8  # decode steps between checks for a newer version during an in-flight update
+BATCHING = ("continuous", "static")
 
 
 class HFEngine(Engine):
@@ -51,42 +59,59 @@ class HFEngine(Engine):
         fast_compile: run the fast path's decode step through ``torch.compile`` before capturing it
         (fuses its elementwise kernels: 1.63x -> 2.77x plain ``generate`` on an H200, see
         docs/generate_fast.md; costs about 45 s of compiling per new batch/length shape for a 0.5B
-        model); default: on with the fast path on CUDA.
+        model); default: on with the fast path on CUDA (static and continuous batching alike).
+        batching: ``continuous`` (rows refilled as they end, :mod:`rollout.engines.hf_continuous`; a model
+        with sliding-window layers is batched statically) or ``static`` (batches of ``max_num_seqs``
+        rows, each run to its longest row, through the fast path or the engine's own loop).
+        max_num_seqs: most rows (completions) decoded at once; default: all rows of a call.
     """
 
     supports_inflight = True
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto",
                  max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False,
-                 device: str | None = None, fast: bool | None = None, fast_compile: bool | None = None):
+                 device: str | None = None, fast: bool | None = None, fast_compile: bool | None = None,
+                 batching: str = "continuous", max_num_seqs: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         base = AutoModelForCausalLM.from_pretrained(model, dtype=resolve_dtype(dtype)).to(self.device).eval()
         self._setup(base, AutoTokenizer.from_pretrained(tokenizer or model), model, max_model_len, seed, merge_lora)
-        if fast is None:
-            fast = self.device.type == "cuda" and supports_static(base.config)
-        if fast:
-            cuda = self.device.type == "cuda"
-            self._fast = StaticSampler(lambda: self.base, self.pad_id, self.stop_ids, self.generator,
-                                       cuda_graphs=cuda, interval=INFLIGHT_INTERVAL,
-                                       compile_step=cuda if fast_compile is None else fast_compile)
+        cuda = self.device.type == "cuda"
+        fast = cuda and supports_static(base.config) if fast is None else fast
+        self._batching(batching, max_num_seqs, fast, cuda if fast_compile is None else fast_compile)
+
+    def _batching(self, batching: str, max_num_seqs: int | None, fast: bool, compile_step: bool) -> None:
+        """Set up the sampler of ``batching`` (see __init__; ``fast``: CUDA graphs on CUDA, the static
+        path's StaticSampler). Raises ValueError for an unknown batching or ``max_num_seqs`` < 1."""
+        if batching not in BATCHING:
+            raise ValueError(f"unknown batching {batching!r}; expected one of {BATCHING}")
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        self.max_num_seqs = max_num_seqs
+        args = (lambda: self.base, self.pad_id, self.stop_ids, self.generator)
+        kwargs = dict(cuda_graphs=fast and self.device.type == "cuda", interval=INFLIGHT_INTERVAL,
+                      compile_step=fast and compile_step)
+        if batching == "continuous" and supports_static(self.base.config):
+            self._continuous = ContinuousSampler(*args, **kwargs)
+        elif fast:
+            self._fast = StaticSampler(*args, **kwargs)
 
     @classmethod
-    def sharing(cls, model, tokenizer, max_model_len: int | None = None, seed: int = 0) -> "HFEngine":
+    def sharing(cls, model, tokenizer, max_model_len: int | None = None, seed: int = 0, batching: str = "continuous",
+                max_num_seqs: int | None = None) -> "HFEngine":
         """An engine that samples with an existing ``model`` object (e.g. the learner's, LoRA-wrapped or
         not): no copy, so it always serves the model's current weights; its ``version`` stays 0 (the model's
         owner holds the policy version: rollout.colocated reads the learner's).
         Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer.
         On CUDA it samples through the fast path (captured graphs stay valid: optimizers update the
-        weights in place) unless the model is PEFT-wrapped (its adapters may be swapped)."""
+        weights in place) unless the model is PEFT-wrapped (its adapters may be swapped).
+        ``batching``, ``max_num_seqs``: as in __init__."""
         engine = cls.__new__(cls)
         engine.device = next(model.parameters()).device
         engine._setup(model, tokenizer, getattr(model, "name_or_path", "shared"), max_model_len, seed, False)
-        peft = hasattr(model, "peft_config")
-        if engine.device.type == "cuda" and not peft and supports_static(model.config):
-            engine._fast = StaticSampler(lambda: engine.base, engine.pad_id, engine.stop_ids, engine.generator,
-                                         cuda_graphs=True, interval=INFLIGHT_INTERVAL, compile_step=True)
+        fast = engine.device.type == "cuda" and not hasattr(model, "peft_config") and supports_static(model.config)
+        engine._batching(batching, max_num_seqs, fast, compile_step=True)
         return engine
 
     def _setup(self, base, tokenizer, model_name: str, max_model_len: int | None, seed: int,
@@ -110,53 +135,80 @@ class HFEngine(Engine):
         self._between_steps = None
         self._adapter: str | None = None
         self._adapter_shape: tuple | None = None  # (r, alpha, targets) of the served adapter
-        self._fast = None  # the fast path's StaticSampler; None: the loop of _sample
+        self._fast = None  # the fast path's StaticSampler (static batching); None: the loop of _sample
+        self._continuous = None  # the ContinuousSampler (continuous batching); None: static batching
+        self.max_num_seqs = None  # most rows decoded at once (None: all rows of a call)
 
     # -- generation -----------------------------------------------------------------------------
 
-    def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-                 between_steps=None, seed: int | None = None) -> list[PromptResult]:
-        """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``).
+    def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                        between_steps=None, seed: int | None = None) -> Iterator[list[tuple[int, PromptResult]]]:
+        """Sample ``n`` completions for each prompt with the served version, yielding each group as soon
+        as its last completion ends (see ``Engine.generate_groups``).
 
         ``between_steps``: called every ``INFLIGHT_INTERVAL`` decode steps; it may load a newer version
         in place (the running rows go on with it: an in-flight update) or raise to abort the call.
+        Each completion's ``versions`` are the served versions at its first and last token (static
+        batching: at the start and end of its batch).
         Raises ValueError for a prompt of ``max_model_len`` tokens or more, or a negative temperature.
         """
-        self._between_steps = between_steps
-        if seed is not None:
-            self.generator.manual_seed(seed)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if seed is not None:
+            self.generator.manual_seed(seed)
         prompt_ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [ids for ids in prompt_ids for _ in range(n)]
-        tokens, logps, lengths, stopped = self._sample(rows, temperature, max_new_tokens)
-        tokens, logps, lengths, stopped = tokens.tolist(), logps.tolist(), lengths.tolist(), stopped.tolist()
-        results = []
-        for p, ids in enumerate(prompt_ids):
-            completions = []
-            for r in range(p * n, (p + 1) * n):
-                toks = tokens[r][: lengths[r]]
-                shown = toks[:-1] if stopped[r] else toks  # as vLLM: the stop token is not in the text
-                completions.append(Completion(toks, logps[r][: lengths[r]],
-                                              self.tokenizer.decode(shown, skip_special_tokens=True),
-                                              "stop" if stopped[r] else "length"))
-            results.append(PromptResult(list(ids), completions))
-        return results
+        budget = self._budgets(rows, max_new_tokens)
+        self._between_steps = between_steps
+        pending: dict[int, list] = {p: [None] * n for p in range(len(prompt_ids))}
+        for finished in self._rows(rows, budget, temperature):
+            ended = []
+            for f in finished:
+                p, j = divmod(f.row, n)
+                pending[p][j] = self._completion(f)
+                if all(c is not None for c in pending[p]):
+                    ended.append((p, PromptResult(list(prompt_ids[p]), pending.pop(p))))
+            if ended:
+                yield sorted(ended, key=lambda e: e[0])
 
-    @torch.inference_mode()
-    def _sample(self, rows: list[list[int]], temperature: float, max_new_tokens: int):
-        """Sample every row to its stop token or budget.
+    def _completion(self, f: Finished) -> Completion:
+        shown = f.tokens[:-1] if f.stopped else f.tokens  # as vLLM: the stop token is not in the text
+        return Completion(f.tokens, f.logprobs, self.tokenizer.decode(shown, skip_special_tokens=True),
+                          "stop" if f.stopped else "length", f.versions)
 
-        Args: rows: B prompt id lists. temperature, max_new_tokens: as in ``generate``.
-        Returns: tokens (B, S) long (pad after each row's end), logprobs (B, S) fp32 (0 after the
-        end), lengths (B,) long, stopped (B,) bool (ended on a stop token), with S the most steps run.
-        """
-        b, longest = len(rows), max(len(r) for r in rows)
+    def _budgets(self, rows: list[list[int]], max_new_tokens: int) -> list[int]:
+        """Each row's most new tokens under max_model_len; ValueError for a prompt that leaves no room."""
         too_long = [len(r) for r in rows if len(r) >= self.max_model_len]
         if too_long:
             raise ValueError(f"a prompt of {too_long[0]} tokens leaves no room under max_model_len "
                              f"{self.max_model_len}")
-        budget = [min(max_new_tokens, self.max_model_len - len(r)) for r in rows]
+        return [min(max_new_tokens, self.max_model_len - len(r)) for r in rows]
+
+    def _rows(self, rows: list[list[int]], budget: list[int], temperature: float) -> Iterator[list[Finished]]:
+        """Every row sampled, yielded as it ends (continuous) or per batch of ``max_num_seqs`` rows (static)."""
+        if not rows:
+            return
+        if self._continuous is not None:
+            yield from self._continuous.run(rows, budget, temperature, self.max_num_seqs,
+                                            between_steps=self._between_steps, stamp=lambda: self.version)
+            return
+        size = self.max_num_seqs or len(rows)
+        for start in range(0, len(rows), size):
+            first = self.version
+            out = self._sample(rows[start:start + size], temperature, budget[start:start + size])
+            tokens, logps, lengths, stopped = (x.tolist() for x in out)
+            yield [Finished(start + i, tokens[i][:n], logps[i][:n], stopped[i], (first, self.version))
+                   for i, n in enumerate(lengths)]
+
+    @torch.inference_mode()
+    def _sample(self, rows: list[list[int]], temperature: float, budget: list[int]):
+        """Sample every row to its stop token or budget (one static batch).
+
+        Args: rows: B prompt id lists. temperature: as in ``generate``. budget: B most-new-token counts.
+        Returns: tokens (B, S) long (pad after each row's end), logprobs (B, S) fp32 (0 after the
+        end), lengths (B,) long, stopped (B,) bool (ended on a stop token), with S the most steps run.
+        """
+        b, longest = len(rows), max(len(r) for r in rows)
         if self._fast is not None:
             return self._fast.sample(rows, budget, temperature, self._between_steps)
         budget = torch.tensor(budget, device=self.device)
@@ -281,8 +333,9 @@ class HFEngine(Engine):
 
     def _modules_changed(self) -> None:
         """The model's modules changed (not only their values): drop the fast path's captured graphs."""
-        if self._fast is not None:
-            self._fast.reset()
+        for sampler in (self._fast, self._continuous):
+            if sampler is not None:
+                sampler.reset()
 
     @torch.inference_mode()
     def _copy_in(self, tensors: Iterable[tuple[str, torch.Tensor]], shapes: dict[str, tuple], source) -> None:

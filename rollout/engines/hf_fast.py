@@ -142,7 +142,7 @@ class StaticSampler:
         self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0  # graphs captured so far
         self._state: _State | None = None
-        self._mm_fp32 = model.device.type == "cuda" and _has_mm_out_dtype(model.device)
+        self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
 
     def reset(self) -> None:
@@ -246,39 +246,13 @@ class StaticSampler:
 
     def _step(self, model, st: _State, greedy: bool) -> None:
         """Replay the captured step; without one, run it eagerly, then (CUDA graphs) capture it."""
-        graph = st.graphs.get(greedy)
-        if graph is not None:
-            graph.replay()
-            return
-        if not self.cuda_graphs:
-            self._decode_fn(model, st, greedy)
-            return
-        side = torch.cuda.Stream(device=st.tok.device)  # warm-up: this step, run for real, off the capture
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._decode_fn(model, st, greedy)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if not greedy and hasattr(graph, "register_generator_state"):
-            graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # recorded, not run
-            self._decode_fn(model, st, greedy)
-        st.graphs[greedy] = graph
-        self.captures += 1
+        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy), self.generator,
+                      self.cuda_graphs, st.tok.device):
+            self.captures += 1
 
     def _logits(self, model, h: torch.Tensor) -> torch.Tensor:
-        """h (B, hidden) in the model's dtype -> fp32 logits (B, V) at the head.
-
-        As the learner computes them: products of the model's own values, summed in fp32. On CUDA with
-        half-precision weights one matrix product with fp32 output does that without an fp32 copy of
-        the head (``torch.mm(..., out_dtype=float32)``).
-        """
-        head = model.get_output_embeddings()
-        w, bias = head.weight, head.bias
-        if self._mm_fp32 and w.dtype in (torch.bfloat16, torch.float16) and h.dtype == w.dtype:
-            logits = torch.mm(h, w.t(), out_dtype=torch.float32)
-            return logits if bias is None else logits + bias.float()
-        return F.linear(h.float(), w.float(), None if bias is None else bias.float())
+        """h (B, hidden) in the model's dtype -> fp32 logits (B, V) at the head (:func:`head_logits`)."""
+        return head_logits(model, h, self._mm_fp32)
 
     def _record(self, st: _State, logits: torch.Tensor, greedy: bool) -> None:
         """Pick a token per row from logits (B, V) fp32 and record it at column ``st.step``."""
@@ -293,6 +267,47 @@ class StaticSampler:
         st.done.logical_or_(hit | (st.lengths >= st.budget))
         st.tok.copy_(tok[:, None])
         st.step.add_(1)
+
+
+def step_graph(graphs: dict, greedy: bool, decode: Callable[[], None], generator: torch.Generator,
+               cuda_graphs: bool, device: torch.device) -> bool:
+    """Run one decode step: replay ``graphs[greedy]``; without one, run ``decode()`` eagerly, then (with
+    ``cuda_graphs``) capture it into ``graphs[greedy]`` (warm-up on a side stream, then recorded, not run).
+    Returns True when a graph was captured. ``decode`` must work on static buffers only."""
+    graph = graphs.get(greedy)
+    if graph is not None:
+        graph.replay()
+        return False
+    if not cuda_graphs:
+        decode()
+        return False
+    side = torch.cuda.Stream(device=device)  # warm-up: this step, run for real, off the capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        decode()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if not greedy and hasattr(graph, "register_generator_state"):  # sampling draws noise from the generator
+        graph.register_generator_state(generator)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # recorded, not run
+        decode()
+    graphs[greedy] = graph
+    return True
+
+
+def head_logits(model, h: torch.Tensor, mm_fp32: bool) -> torch.Tensor:
+    """h (B, hidden) in the model's dtype -> fp32 logits (B, V) at the head.
+
+    As the learner computes them: products of the model's own values, summed in fp32. With ``mm_fp32``
+    (CUDA, :func:`has_mm_out_dtype`) and half-precision weights one matrix product with fp32 output does
+    that without an fp32 copy of the head (``torch.mm(..., out_dtype=float32)``).
+    """
+    head = model.get_output_embeddings()
+    w, bias = head.weight, head.bias
+    if mm_fp32 and w.dtype in (torch.bfloat16, torch.float16) and h.dtype == w.dtype:
+        logits = torch.mm(h, w.t(), out_dtype=torch.float32)
+        return logits if bias is None else logits + bias.float()
+    return F.linear(h.float(), w.float(), None if bias is None else bias.float())
 
 
 def pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torch.Generator | None = None):
@@ -313,7 +328,7 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torc
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _has_mm_out_dtype(device: torch.device) -> bool:
+def has_mm_out_dtype(device: torch.device) -> bool:
     """Whether this torch computes ``torch.mm(bf16, bf16, out_dtype=float32)`` on ``device``."""
     try:
         a = torch.ones((2, 2), dtype=torch.bfloat16, device=device)

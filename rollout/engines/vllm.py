@@ -3,7 +3,7 @@
 Weights by version:
 - ``lora``: a new ``LoRARequest`` (int id = version) per version; the previous adapter is removed
   from the engine once the new one is the one requests use. Version 0 is the base model (no request).
-  One ``generate`` call uses one request for all prompts: vLLM-CPU applies a LoRA to base requests
+  One ``generate`` call uses one LoRA request for all prompts: vLLM-CPU applies a LoRA to base requests
   when a call mixes them.
 - ``full``: vLLM's in-place reload, ``collective_rpc("reload_weights", weights_path=...)`` (the
   model's own ``load_weights`` does not work on CPU), then ``reset_prefix_cache()`` so no cached KV
@@ -28,10 +28,11 @@ import shutil
 import tempfile
 import weakref
 from pathlib import Path
+from typing import Iterator
 
 from rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
 
-CPU_CALL_TOKENS = 3072  # prompt tokens x samples per llm.generate call on CPU (see VLLMEngine._calls)
+CPU_CALL_TOKENS = 3072  # prompt tokens x samples queued at once on CPU (see VLLMEngine.generate_groups)
 
 
 def cpu_engine_env(actor_index: int, cores: int | None = None) -> dict[str, str]:
@@ -93,12 +94,13 @@ class VLLMEngine(Engine):
         adapter rank it will load (raised to the next rank vLLM accepts: :func:`engine_lora_rank`);
         max_model_len: prompt + completion limit in tokens; seed: sampling seed of the engine;
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only); merge_lora: load LoRA
-        versions merged into the base weights (see the module docstring).
+        versions merged into the base weights (see the module docstring); max_num_seqs: most requests
+        vLLM schedules at once (None: vLLM's default).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
                  max_model_len: int | None = None, seed: int = 0, gpu_memory_utilization: float = 0.5,
-                 merge_lora: bool = False):
+                 merge_lora: bool = False, max_num_seqs: int | None = None):
         import torch
         from vllm import LLM
 
@@ -106,6 +108,8 @@ class VLLMEngine(Engine):
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
         kwargs = dict(gpu_memory_utilization=gpu_memory_utilization) if on_gpu else dict(enforce_eager=True)
+        if max_num_seqs is not None:
+            kwargs.update(max_num_seqs=max_num_seqs)
         if not merge_lora:
             kwargs.update(enable_lora=True, max_lora_rank=engine_lora_rank(max_lora_rank), max_loras=2)
         self.llm = LLM(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
@@ -196,54 +200,71 @@ class VLLMEngine(Engine):
             self._scratch()
             self._scratch = None
 
-    def generate(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
-                 between_steps=None, seed: int | None = None) -> list[PromptResult]:
-        """Sample ``n`` completions for each prompt with the served version (see ``Engine.generate``)."""
+    def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
+                        between_steps=None, seed: int | None = None) -> Iterator[list[tuple[int, PromptResult]]]:
+        """Sample ``n`` completions for each prompt with the served version, yielding each group as soon as
+        its last completion ends (see ``Engine.generate_groups``).
+
+        Request level: the groups' requests are queued (``LLM.enqueue``) and the engine stepped
+        (``llm_engine.step``); a group is yielded at the step its last request finishes. On CPU a group
+        is queued only while the prompt tokens x samples of the queued, unfinished groups stay within
+        ``CPU_CALL_TOKENS`` (at least one group): vLLM-CPU 0.32 fails with "CPU Generator does not use
+        offset" when seeded requests meet a prefill it splits over steps, which it does past 4096
+        batched tokens. On GPU every group is queued at once. A generator closed early aborts its
+        unfinished requests. Raises ValueError with ``between_steps`` (no in-flight updates).
+        """
         if between_steps is not None:
             raise ValueError("in-flight weight updates need --engine hf (vLLM's offline LLM generates in one call)")
         from vllm import SamplingParams
 
         # vLLM refuses greedy sampling with n > 1: send each prompt n times with n = 1 instead.
         copies = n if temperature == 0 else 1
-        requests = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts for _ in range(copies)]
-        params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
-                                 max_tokens=max_new_tokens, logprobs=0,
-                                 seed=None if seed is None else seed + (i // copies) * n + i % copies)
-                  for i in range(len(requests))]
-        outputs = []
-        for start, stop in self._calls(requests, n // copies, copies):
-            outputs += self.llm.generate(requests[start:stop], params[start:stop], lora_request=self._lora,
-                                         use_tqdm=False)
-        results = []
-        for i in range(0, len(outputs), copies):
-            completions = []
-            for c in (c for out in outputs[i:i + copies] for c in out.outputs):
-                ids = list(c.token_ids)
-                lps = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
-                completions.append(Completion(ids, lps, c.text, c.finish_reason or "stop"))
-            results.append(PromptResult(list(outputs[i].prompt_token_ids), completions))
-        return results
+        requests = [p if isinstance(p, str) else {"prompt_token_ids": list(p)} for p in prompts]
+        cost = [0 if self._on_gpu else len(self._prompt_ids(r)) * n for r in requests]
+        owner: dict[str, tuple[int, int]] = {}  # request id -> (prompt index, copy)
+        outputs: dict[int, dict[int, object]] = {}
+        queued, in_flight = 0, 0
+        try:
+            while queued < len(prompts) or owner:
+                while queued < len(prompts) and (not owner or in_flight + cost[queued] <= CPU_CALL_TOKENS):
+                    params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
+                                             max_tokens=max_new_tokens, logprobs=0,
+                                             seed=None if seed is None else seed + queued * n + c)
+                              for c in range(copies)]
+                    ids = self.llm.enqueue([requests[queued]] * copies, params, lora_request=self._lora,
+                                           use_tqdm=False)
+                    # outputs carry the external id: enqueue returns "<external>-<8 random characters>"
+                    owner.update({rid.rsplit("-", 1)[0]: (queued, c) for c, rid in enumerate(ids)})
+                    outputs[queued], in_flight, queued = {}, in_flight + cost[queued], queued + 1
+                ended = []
+                for out in self.llm.llm_engine.step():
+                    if out.finished and out.request_id in owner:
+                        i, c = owner.pop(out.request_id)
+                        outputs[i][c] = out
+                        if len(outputs[i]) == copies:
+                            in_flight -= cost[i]
+                            done = outputs.pop(i)
+                            ended.append((i, _result([done[c] for c in range(copies)])))
+                if ended:
+                    yield sorted(ended, key=lambda e: e[0])
+        finally:
+            if owner:  # closed early (or failed): nothing of this call stays queued
+                self.llm.llm_engine.abort_request(list(owner))
 
-    def _calls(self, requests: list[str], n: int, copies: int) -> list[tuple[int, int]]:
-        """``(start, stop)`` request ranges of one ``llm.generate`` call each, cut at prompt boundaries.
-
-        On CPU a call holds at most ``CPU_CALL_TOKENS`` prompt tokens times `n` (at least one prompt):
-        vLLM-CPU 0.32 fails with "CPU Generator does not use offset" when seeded requests meet a
-        prefill it splits over steps, which it does past 4096 batched tokens. On GPU: one call.
-        """
-        if self._on_gpu:
-            return [(0, len(requests))]
-        ranges, start, used = [], 0, 0
-        for i in range(0, len(requests), copies):
-            request = requests[i]
-            ids = request["prompt_token_ids"] if isinstance(request, dict) else encode_prompt(self.tokenizer, request)
-            cost = len(ids) * n * copies
-            if i > start and used + cost > CPU_CALL_TOKENS:
-                ranges.append((start, i))
-                start, used = i, 0
-            used += cost
-        return ranges + [(start, len(requests))]
+    def _prompt_ids(self, request) -> list[int]:
+        return request["prompt_token_ids"] if isinstance(request, dict) else encode_prompt(self.tokenizer, request)
 
     def close(self) -> None:
         """Delete the merged-weights scratch directory. The in-process engine is freed with the object."""
         self._drop_scratch()
+
+
+def _result(outputs: list) -> PromptResult:
+    """One prompt's vLLM RequestOutputs (its copies, in order) as a PromptResult: token ids, processed
+    logprobs of the sampled tokens, text and finish reason of each completion."""
+    completions = []
+    for c in (c for out in outputs for c in out.outputs):
+        ids = list(c.token_ids)
+        lps = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
+        completions.append(Completion(ids, lps, c.text, c.finish_reason or "stop"))
+    return PromptResult(list(outputs[0].prompt_token_ids), completions)

@@ -72,10 +72,11 @@ def w(tmp_path_factory):
 
 
 def _engines(model: Path, device: str, **kwargs) -> tuple[HFEngine, HFEngine]:
-    """(the engine's own loop, the fast path), fp32, on ``device``; the fast path uncompiled."""
-    slow = HFEngine(str(model), dtype="float32", max_model_len=128, device=device, fast=False, **kwargs)
-    fast = HFEngine(str(model), dtype="float32", max_model_len=128, device=device, fast=True, fast_compile=False,
+    """(the engine's own loop, the fast path), fp32, on ``device``, static batching; the fast path uncompiled."""
+    slow = HFEngine(str(model), dtype="float32", max_model_len=128, device=device, fast=False, batching="static",
                     **kwargs)
+    fast = HFEngine(str(model), dtype="float32", max_model_len=128, device=device, fast=True, fast_compile=False,
+                    batching="static", **kwargs)
     assert fast._fast is not None and fast._fast.cuda_graphs == (device == "cuda")
     return slow, fast
 
@@ -169,6 +170,7 @@ def test_weight_loads_and_inflight_updates_match_the_engine_loop(w, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_step_gives_the_same_tokens(w, device):
     """fast_compile (torch.compile of the decode step; the default on CUDA): same greedy tokens."""
-    slow = HFEngine(str(w["base"]), dtype="float32", max_model_len=128, device=device, fast=False)
-    fast = HFEngine(str(w["base"]), dtype="float32", max_model_len=128, device=device, fast=True, fast_compile=True)
+    slow = HFEngine(str(w["base"]), dtype="float32", max_model_len=128, device=device, fast=False, batching="static")
+    fast = HFEngine(str(w["base"]), dtype="float32", max_model_len=128, device=device, fast=True, fast_compile=True,
+                    batching="static")
     _assert_same(slow.generate(w["prompts"], 2, 0.0, NEW), fast.generate(w["prompts"], 2, 0.0, NEW), atol=1e-4)

@@ -1,0 +1,313 @@
+"""Continuous batching for the HF engine: B row slots over a KV cache where each slot has its own write
+position; a row that ends (stop token or budget) frees its slot, and a waiting row takes it while the
+other rows go on decoding.
+
+Layout. The cache holds B slots x L positions per layer (L = longest prompt + most new tokens, each
+rounded up to ``PAD_MULTIPLE``). A prompt placed in slot b fills positions 0..P-1 of that slot (its
+token positions are its cache positions: no padding inside a row) and its t-th new token goes to
+position P + t - 1. A (B, L) bool ``valid`` marks the positions holding the slot's current row; attention
+reads every position and masks the others (:func:`rollout.engines.hf_fast.grouped_attention`).
+
+Loop (:meth:`ContinuousSampler.run`):
+
+1. Admit: waiting rows take the free slots (``continuous``: whenever a slot is free; ``static``: only
+   when every slot is free, so each batch runs to its longest row: the reference the bench compares
+   with). The admitted prompts are prefilled together (right-padded to the longest, causal mask), their
+   K/V written into their slots, and each row's first token picked from the logits at its last prompt
+   position.
+2. Decode: one step for all B slots, as the fast path's (fp32 head, ``logp = log_softmax(logits / T)``,
+   argmax or the exponential race of :func:`rollout.engines.hf_fast.pick`), each token and logprob
+   recorded at its row's own column (the row's length so far). Free slots decode padding, masked out of
+   every output. On CUDA the step is captured once in a graph (and optionally compiled), as in
+   :mod:`rollout.engines.hf_fast`; admitting rows copies into the same buffers, so the graph stays valid.
+3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): one host
+   sync reads ``done``; the rows that ended are handed back (yielded) and their slots freed; then
+   ``between_steps`` runs (an in-flight load) and waiting rows are admitted. A row therefore waits at
+   most ``interval - 1`` steps after its end before it is handed back and its slot refilled.
+
+Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
+weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
+logprobs within 1e-5 in fp32). Each row is handed back with the ``stamp()`` (the engine's policy version)
+read when it was admitted and when it was handed back: loads happen only at step 3, after the rows that
+ended are handed back, so these are the versions of its first and of its last token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from rollout.engines.hf_fast import (
+    ATTENTION,
+    PAD_MULTIPLE,
+    _round_up,
+    grouped_attention,
+    has_mm_out_dtype,
+    head_logits,
+    pick,
+    step_graph,
+    supports_static,
+)
+
+
+class _SlotLayer(CacheLayerMixin):
+    """One layer's K/V, (B, Hkv, L, D): decode writes each slot at its own position ``owner.pos``;
+    a prefill writes rows ``owner.prefill_slots`` at positions 0..Q-1 and attends to its own K/V only."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: "_State"):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, length = self.owner.valid.shape
+        shape = (b, key_states.shape[1], length)
+        self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
+        self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
+                                  device=value_states.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        rows = self.owner.prefill_slots
+        if rows is None:  # decode: key_states (B, Hkv, 1, D), each slot at its own position
+            index = self.owner.pos[:, None, None, None].expand_as(key_states)
+            self.keys.scatter_(2, index, key_states)
+            self.values.scatter_(2, index, value_states)
+            return self.keys, self.values
+        q = key_states.shape[2]  # prefill: (k, Hkv, Q, D) for the slots `rows`
+        self.keys[rows, :, :q] = key_states
+        self.values[rows, :, :q] = value_states
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.valid.shape[1], 0
+
+    def get_seq_length(self) -> int:
+        return 0  # positions are always given
+
+    def get_max_length(self) -> int:
+        return self.owner.valid.shape[1]
+
+
+@dataclass
+class _State:
+    """The static buffers of B slots, L cache positions, S + 1 output columns (the last: a sink for rows
+    that are done); captured graphs point into them."""
+
+    valid: torch.Tensor  # (B, L) bool: position holds the slot's row
+    tok: torch.Tensor  # (B,) long: the tokens the next step feeds
+    pos: torch.Tensor  # (B,) long: their positions (= cache positions)
+    tokens: torch.Tensor  # (B, S + 1) long
+    logps: torch.Tensor  # (B, S + 1) fp32
+    lengths: torch.Tensor  # (B,) long
+    stopped: torch.Tensor  # (B,) bool
+    done: torch.Tensor  # (B,) bool (a free slot is done)
+    budget: torch.Tensor  # (B,) long
+    temperature: torch.Tensor  # () fp32
+    prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
+    cache: Cache | None = None
+    graphs: dict = field(default_factory=dict)  # greedy (bool) -> torch.cuda.CUDAGraph
+
+
+@dataclass
+class Finished:
+    """A row handed back: its index in ``run``'s rows, tokens and logprobs (T,), whether it ended on a stop
+    token, and ``stamp()`` when it was admitted and when it was handed back."""
+
+    row: int
+    tokens: list[int]
+    logprobs: list[float]
+    stopped: bool
+    versions: tuple[int, int]
+
+
+class ContinuousSampler:
+    """Samples rows in ``slots`` slots, refilled as rows end (see the module docstring).
+
+    Args: as :class:`rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
+    cuda_graphs, interval, compile_step). Raises ValueError for cuda_graphs off CUDA or a model with
+    sliding-window layers.
+    """
+
+    def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
+                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False):
+        from transformers import AttentionInterface
+
+        model = model_fn()
+        if cuda_graphs and model.device.type != "cuda":
+            raise ValueError(f"cuda_graphs needs a CUDA model, not one on {model.device}")
+        if not supports_static(model.config):
+            raise ValueError("continuous batching supports full-attention models only (sliding window found)")
+        AttentionInterface.register(ATTENTION, grouped_attention)
+        self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
+        self.cuda_graphs, self.interval = cuda_graphs, interval
+        self.captures = 0
+        self._state: _State | None = None
+        self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
+        self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
+
+    def reset(self) -> None:
+        """Drop the captured graphs; call after the model's modules (not only their values) changed."""
+        if self._state is not None:
+            self._state.graphs.clear()
+
+    @torch.inference_mode()  # torch enters it around each resumption of the generator, not across its yields
+    def run(self, rows: list[list[int]], budget: list[int], temperature: float, slots: int | None = None,
+            static: bool = False, between_steps=None, stamp: Callable[[], int] = lambda: 0) -> Iterator[list[Finished]]:
+        """Sample every row to its stop token or budget, yielding the rows that ended at each hand-back.
+
+        Args:
+            rows: R prompt id lists (each non-empty). budget: R most-new-token counts.
+            temperature: 0 is greedy; > 0 samples from softmax(logits / T).
+            slots: rows decoded at once (default: all R). static: admit only when every slot is free.
+            between_steps: called every ``interval`` tokens while rows run (may load weights in place).
+            stamp: read at each row's admission and hand-back (the engine's policy version).
+        Yields:
+            lists of :class:`Finished`, each row exactly once.
+        """
+        model = self.model_fn()
+        b = min(slots or len(rows), len(rows))
+        st = self._prepare(model, b, _round_up(max(map(len, rows)), PAD_MULTIPLE) +
+                           _round_up(max(budget), PAD_MULTIPLE), _round_up(max(budget), PAD_MULTIPLE))
+        greedy = temperature == 0
+        st.temperature.fill_(temperature if temperature > 0 else 1.0)
+        waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
+        st.done.fill_(True)
+        t = 1  # tokens recorded by the rows admitted first (the engine's loop counts its steps so)
+        while True:
+            free = [s for s, o in enumerate(owner) if o < 0][: len(waiting)]
+            if free and (not static or all(o < 0 for o in owner)):
+                taken = [waiting.popleft() for _ in free]
+                for s, r in zip(free, taken):
+                    owner[s], started[r] = r, stamp()
+                with _grouped(model):
+                    self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken], greedy)
+            if all(o < 0 for o in owner):
+                return
+            with _grouped(model):
+                while True:
+                    self._step(model, st, greedy)
+                    t += 1
+                    if t % self.interval == 0:
+                        break
+            finished = self._hand_back(st, owner, started, stamp())
+            if finished:
+                yield finished
+            if between_steps is not None and (waiting or any(o >= 0 for o in owner)):
+                between_steps()
+
+    def _hand_back(self, st: _State, owner: list[int], started: list[int], version: int) -> list[Finished]:
+        """The rows whose slots are done (one host sync), their slots freed."""
+        done = st.done.tolist()
+        slots = [s for s, o in enumerate(owner) if o >= 0 and done[s]]
+        if not slots:
+            return []
+        index = torch.tensor(slots, device=st.tok.device)
+        lengths, stopped = st.lengths[index].tolist(), st.stopped[index].tolist()
+        tokens, logps = st.tokens[index].tolist(), st.logps[index].tolist()
+        out = []
+        for i, s in enumerate(slots):
+            n, r = lengths[i], owner[s]
+            out.append(Finished(r, tokens[i][:n], logps[i][:n], stopped[i], (started[r], version)))
+            owner[s] = -1
+        return out
+
+    # -- buffers, admission, one step ---------------------------------------------------------
+
+    def _prepare(self, model, b: int, length: int, s: int) -> _State:
+        """The state for B slots of ``length`` positions and S output columns, reused when unchanged."""
+        st = self._state
+        if st is not None and st.valid.shape == (b, length) and st.tokens.shape == (b, s + 1):
+            return st
+        self._state = None  # free the old buffers and graphs first
+        dev = model.device
+        long = dict(dtype=torch.long, device=dev)
+        st = _State(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
+                    pos=torch.zeros(b, **long), tokens=torch.zeros((b, s + 1), **long),
+                    logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
+                    stopped=torch.zeros(b, dtype=torch.bool, device=dev),
+                    done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
+                    temperature=torch.ones((), dtype=torch.float32, device=dev))
+        st.cache = Cache(layers=[_SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
+        self._state = st
+        return st
+
+    def _admit(self, model, st: _State, slots: list[int], rows: list[list[int]], budget: list[int],
+               greedy: bool) -> None:
+        """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token."""
+        dev = st.tok.device
+        k, q = len(rows), max(map(len, rows))
+        ids = torch.full((k, q), self.pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r)
+        ids, lens = ids.to(dev), torch.tensor([len(r) for r in rows], device=dev)
+        where = torch.arange(q, device=dev)
+        mask = (where[None, :] <= where[:, None])[None, None] & (where < lens[:, None])[:, None, None, :]  # (k,1,Q,Q)
+        index = torch.tensor(slots, device=dev)
+        st.prefill_slots = index
+        try:
+            out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=where[None].expand(k, q),
+                                      past_key_values=st.cache, use_cache=True)
+        finally:
+            st.prefill_slots = None
+        h = out.last_hidden_state[torch.arange(k, device=dev), lens - 1]  # (k, hidden): each last prompt token
+        tok, lp = pick(head_logits(model, h, self._mm_fp32), None if greedy else st.temperature, self.generator)
+        rows_budget = torch.tensor(budget, device=dev)
+        active = rows_budget > 0
+        tok = torch.where(active, tok, self.pad_id)
+        st.valid[index] = torch.arange(st.valid.shape[1], device=dev)[None, :] < lens[:, None]
+        st.tokens[index] = self.pad_id
+        st.tokens[index, 0] = tok
+        st.logps[index] = 0.0
+        st.logps[index, 0] = torch.where(active, lp, 0.0)
+        st.lengths[index] = active.long()
+        hit = active & (tok[:, None] == self.stop_ids).any(-1)
+        st.stopped[index] = hit
+        st.done[index] = hit | (active.long() >= rows_budget)
+        st.budget[index] = rows_budget
+        st.tok[index] = tok
+        st.pos[index] = lens
+
+    def _decode(self, model, st: _State, greedy: bool) -> None:
+        """One decode step on the static buffers (what the graph records)."""
+        st.valid.scatter_(1, st.pos[:, None], True)
+        out = model.get_decoder()(input_ids=st.tok[:, None], attention_mask=st.valid[:, None, None, :],
+                                  position_ids=st.pos[:, None], past_key_values=st.cache, use_cache=True)
+        logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
+        tok, lp = pick(logits, None if greedy else st.temperature, self.generator)
+        active = ~st.done
+        tok = torch.where(active, tok, self.pad_id)
+        st.tokens.scatter_(1, st.lengths[:, None], tok[:, None])  # a done row writes its column after the end
+        st.logps.scatter_(1, st.lengths[:, None], torch.where(active, lp, 0.0)[:, None])
+        st.lengths.add_(active.long())
+        hit = active & (tok[:, None] == self.stop_ids).any(-1)
+        st.stopped.logical_or_(hit)
+        st.done.logical_or_(hit | (st.lengths >= st.budget))
+        st.tok.copy_(tok)
+        st.pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
+
+    def _step(self, model, st: _State, greedy: bool) -> None:
+        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy), self.generator,
+                      self.cuda_graphs, st.tok.device):
+            self.captures += 1
+
+
+class _grouped:
+    """Run the model with :func:`grouped_attention` (4-D bool masks) inside the block, restored after."""
+
+    def __init__(self, model):
+        self.config = model.config
+
+    def __enter__(self):
+        self.previous, self.config._attn_implementation = self.config._attn_implementation, ATTENTION
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.previous

@@ -1,0 +1,119 @@
+"""Continuous batching in the HF engine (rollout/engines/hf_continuous.py) on the tiny model, CPU, fp32:
+the same greedy tokens and logprobs (within 1e-5) as static batching when rows end apart and slots are
+refilled; exact sampled logprobs for rows admitted mid-call; per-completion policy versions under an
+in-flight update; groups handed back as they end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout.engines.hf import INFLIGHT_INTERVAL, HFEngine
+
+PROMPTS = ["1+2=", "12*3= and then 4", "(7+5)*3 = 36, so then 2*", "9-4=", "123456789+987654321=", "8"]
+NEW = 24
+MAX_LEN = 34  # prompt + completion: rows of longer prompts get fewer new tokens (budgets 24, 18, 10, 24, 14, 24)
+
+
+def engine(model, **kwargs) -> HFEngine:
+    return HFEngine(str(model), dtype="float32", max_model_len=MAX_LEN, **kwargs)
+
+
+def flat(results) -> list:
+    return [c for r in results for c in r.completions]
+
+
+def save_scaled(base, out, factor: float, noise: float = 0.0, seed: int = 0):
+    """``base``'s weights times ``factor`` plus Gaussian ``noise``, saved with its tokenizer to ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor).add_(torch.randn_like(p) * noise)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory):
+    """``sharp``: the tiny model (seed 2) with its weights doubled, whose greedy rows are not one repeated
+    token (one ends on EOS after 5 tokens, the others at their budgets); ``full``: another version of it."""
+    from distrl.core.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("continuous")
+    sharp = save_scaled(build_tiny_model(root / "tiny", seed=2), root / "sharp", 2.0)
+    return dict(sharp=sharp, full=save_scaled(sharp, root / "full", 1.0, noise=0.05, seed=4))
+
+
+def assert_same(a, b, atol: float = 1e-5) -> float:
+    """Same token ids, finish reasons and texts; logprobs within ``atol``; returns the largest gap."""
+    ca, cb = flat(a), flat(b)
+    assert [(c.token_ids, c.finish_reason, c.text) for c in ca] == [(c.token_ids, c.finish_reason, c.text) for c in cb]
+    worst = max(max((abs(x - y) for x, y in zip(p.logprobs, q.logprobs)), default=0.0) for p, q in zip(ca, cb))
+    assert worst <= atol, worst
+    return worst
+
+
+def test_continuous_equals_static_when_rows_end_apart(w):
+    expected = engine(w["sharp"], batching="static").generate(PROMPTS, 2, 0.0, NEW)
+    lengths = sorted(len(c.token_ids) for c in flat(expected))
+    assert len(set(lengths)) >= 3 and {c.finish_reason for c in flat(expected)} == {"stop", "length"}, lengths
+    assert_same(expected, engine(w["sharp"], batching="static", max_num_seqs=5).generate(PROMPTS, 2, 0.0, NEW))
+    for slots in (None, 3):  # every row at once; 3 slots for 12 rows: refilled as rows end
+        e = engine(w["sharp"], max_num_seqs=slots)
+        handed = list(e.generate_groups(PROMPTS, 2, 0.0, NEW))
+        got = [r for _, r in sorted((i, r) for batch in handed for i, r in batch)]
+        worst = assert_same(expected, got)
+        print(f"slots {slots}: {len(handed)} hand-backs, lengths {lengths}, largest logprob gap {worst:.2e}")
+        assert sorted(i for batch in handed for i, _ in batch) == list(range(len(PROMPTS)))
+        ends = [[max(len(c.token_ids) for c in r.completions) for _, r in batch] for batch in handed]
+        assert len(handed) >= 3
+        if slots is None:  # all rows start together: groups that end earlier are handed back earlier
+            assert all(max(a) < min(b) for a, b in zip(ends, ends[1:])), ends
+        assert all(c.versions == (0, 0) for c in flat(got))
+
+
+def test_sampled_logprobs_of_refilled_rows_equal_fp32_recomputation(w):
+    from transformers import AutoModelForCausalLM
+
+    results = engine(w["sharp"], max_num_seqs=2, seed=5).generate(PROMPTS, 3, 0.7, 16)
+    model = AutoModelForCausalLM.from_pretrained(str(w["sharp"]), dtype=torch.float32).eval()
+    worst = 0.0
+    for r in results:
+        for c in r.completions:
+            ids = torch.tensor([r.prompt_ids + c.token_ids])
+            with torch.no_grad():
+                logits = model(ids).logits[0, len(r.prompt_ids) - 1:-1].float() / 0.7
+            ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None]).squeeze(-1)
+            worst = max(worst, (torch.tensor(c.logprobs) - ref).abs().max().item())
+    print(f"sampled, 2 slots for 18 rows: largest gap to fp32 recomputation {worst:.2e}")
+    assert worst < 1e-5
+    assert len({tuple(c.token_ids) for c in flat(results)}) > 6  # sampled, not greedy
+
+
+def test_inflight_update_stamps_each_completion_with_its_versions(w):
+    """2 slots, 4 rows of at most 3 intervals: version 1 is loaded after the first interval. Rows 0-1 ran
+    under versions 0 then 1; rows 2-3 were admitted after the load and equal version 1's own greedy rows."""
+    e = engine(w["sharp"], max_num_seqs=2)
+    calls = []
+
+    def switch():
+        calls.append(e.version)
+        if e.version == 0:
+            e.load_weights(1, "full", w["full"])
+
+    new = 3 * INFLIGHT_INTERVAL
+    got = e.generate(PROMPTS[:4], 1, 0.0, new, between_steps=switch)
+    # rows 0 and 1 (budgets 24 and 18) run past the load at token 8; rows 2 and 3 start after them
+    assert [c.versions for c in flat(got)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    assert calls[0] == 0 and e.version == 1
+    v0 = engine(w["sharp"], batching="static").generate(PROMPTS[:2], 1, 0.0, new)
+    k = INFLIGHT_INTERVAL
+    assert [c.token_ids[:k] for c in flat(got)[:2]] == [c.token_ids[:k] for c in flat(v0)]
+    assert [c.token_ids for c in flat(got)[:2]] != [c.token_ids for c in flat(v0)]
+    v1 = engine(w["full"], batching="static").generate(PROMPTS[2:4], 1, 0.0, new)
+    print(f"in-flight: versions {[c.versions for c in flat(got)]}, lengths {[len(c.token_ids) for c in flat(got)]}, "
+          f"rows admitted after the load vs version 1 alone: largest logprob gap {assert_same(v1, got[2:]):.2e}")
