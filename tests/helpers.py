@@ -75,3 +75,20 @@ def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = Fa
     cfg = BufferConfig(run_dir=str(run_dir), address=address, **(BUFFER_TEST_OPTIONS | options))
     return build_buffer(cfg, run_dir, resume=resume, resume_version=resume_version, replay_from=replay_from,
                         restamp=restamp)
+
+
+def scaled_model(base, out, factor: float, noise: float = 0.0, seed: int = 0) -> Path:
+    """``base``'s weights times ``factor`` plus Gaussian ``noise`` (std, seeded), saved with its tokenizer to
+    ``out`` (fp32). The tiny model (seed 2) doubled is the sharp tiny model of the continuous-batching
+    tests: its greedy rows are not one repeated token, and some end on EOS."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(factor).add_(torch.randn_like(p) * noise)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(out))
+    return Path(out)

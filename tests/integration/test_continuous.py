@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rollout.engines.hf import INFLIGHT_INTERVAL, HFEngine
+from tests.helpers import scaled_model
 
 PROMPTS = ["1+2=", "12*3= and then 4", "(7+5)*3 = 36, so then 2*", "9-4=", "123456789+987654321=", "8"]
 NEW = 24
@@ -23,20 +24,6 @@ def flat(results) -> list:
     return [c for r in results for c in r.completions]
 
 
-def save_scaled(base, out, factor: float, noise: float = 0.0, seed: int = 0):
-    """``base``'s weights times ``factor`` plus Gaussian ``noise``, saved with its tokenizer to ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(factor).add_(torch.randn_like(p) * noise)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
 def w(tmp_path_factory):
     """``sharp``: the tiny model (seed 2) with its weights doubled, whose greedy rows are not one repeated
@@ -44,8 +31,8 @@ def w(tmp_path_factory):
     from distrl.core.tiny import build_tiny_model
 
     root = tmp_path_factory.mktemp("continuous")
-    sharp = save_scaled(build_tiny_model(root / "tiny", seed=2), root / "sharp", 2.0)
-    return dict(sharp=sharp, full=save_scaled(sharp, root / "full", 1.0, noise=0.05, seed=4))
+    sharp = scaled_model(build_tiny_model(root / "tiny", seed=2), root / "sharp", 2.0)
+    return dict(sharp=sharp, full=scaled_model(sharp, root / "full", 1.0, noise=0.05, seed=4))
 
 
 def assert_same(a, b, atol: float = 1e-5) -> float:
