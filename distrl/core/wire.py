@@ -356,7 +356,7 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("prompt_text", pa.string(), nullable=False),
         pa.field("completion_text", pa.string(), nullable=False),
         pa.field("gen_start_time", pa.float64(), nullable=False),  # unix seconds
-        pa.field("gen_seconds", pa.float64(), nullable=False),  # wall time of the generate call
+        pa.field("gen_seconds", pa.float64(), nullable=False),  # from the generate call's start to the group's end
         # The weights that generated it (distrl.weights.attest), one entry per version served during the
         # generate call (the first is policy_version); null: not stamped (--no_attest_weights, older runs).
         pa.field("served_versions", pa.list_(pa.int64())),
