@@ -65,7 +65,7 @@ def learner(address: str, max_staleness: int, poll_s: float) -> dict:
             t0 = time.monotonic()
             table = client.get(version, poll_s=poll_s, timeout_s=60.0)
             end = time.monotonic()
-            held = client.last_get_held_s
+            held = getattr(client, "last_get_held_s", 0.0)  # 0: a client from before held GETs
             gets.append((end, (end - t0 - held) * 1e3, held * 1e3))
             versions = table.column("policy_version").to_numpy()
             stale += int(((version - versions) > max_staleness).sum())
@@ -211,7 +211,10 @@ def summarize(a: argparse.Namespace, samples: list[dict], hosts: list[dict], lea
         "buffer_cpu_us_per_group_by_thread": {k: round(v / max(groups, 1) * 1e6, 1) for k, v in cpu.items()},
         "segment_bytes": segment_bytes, "groups_put_total": final["groups_put"],
         "actor_puts": actors["put"], "actor_credit_requests": actors["credit_requests"],
-        "actor_refused_credits": actors["refused"], "window_s": round(window, 2), "warmup_s": a.warmup_s,
+        "actor_refused_credits": actors["refused"],
+        "put_ack_ms_p50": round(float(np.median([h["ack_ms_p50"] for h in hosts])), 2),
+        "put_ack_ms_p99": round(max(h["ack_ms_p99"] for h in hosts), 2),
+        "window_s": round(window, 2), "warmup_s": a.warmup_s,
         "actors": a.actors, "actor_procs": a.actor_procs, "want_per_credit": want, "batch_size": a.batch_size,
         "group_size": GROUP_SIZE, "completion_len": a.completion_len, "prompt_len": a.prompt_len,
         "max_staleness": a.max_staleness, "idle_s": a.idle_s, "credit_wait_s": a.credit_wait_s,

@@ -117,11 +117,14 @@ class Actor:
         self.granted = self.put = self.refused = self.credit_requests = 0
         self.pending: int | None = None  # groups of the PUT in flight (None: a CREDIT is in flight)
         self.ask_at = 0.0  # monotonic time of the next CREDIT (after a refusal)
+        self.sent = 0.0  # monotonic time the request in flight was sent
+        self.ack_ms: list[float] = []  # PUT -> ACK round trips (the group commit's latency with the sockets')
 
     def ask(self) -> None:
         self.seq += 1
         self.pending = None
         self.credit_requests += 1
+        self.sent = time.monotonic()
         self.sock.send(wire.encode(MsgType.CREDIT, self.name, self.seq, want=self.want, **self.wait)[0], 0)
 
     def on_reply(self, frames: list[bytes], idle_s: float, stopping: bool) -> bool:
@@ -131,6 +134,7 @@ class Actor:
         if header.type is MsgType.ERROR:
             raise RuntimeError(f"{self.name}: buffer refused: {header.error}")
         if self.pending is not None:  # the ACK of a PUT
+            self.ack_ms.append((time.monotonic() - self.sent) * 1e3)
             self.put += self.pending
             self.pending = None
         elif header.granted > 0 and not header.stop:
@@ -141,6 +145,7 @@ class Actor:
             body = self.bodies[header.granted].fill(self.counter, header.learner_version)
             self.counter += header.granted
             self.pending = header.granted
+            self.sent = time.monotonic()
             self.sock.send(wire.encode(MsgType.PUT, self.name, self.seq)[0], _SNDMORE)
             self.sock.send(body, 0, copy=False)
             return True
@@ -189,7 +194,9 @@ def actor_host(address: str, ids: list[int], want: int, wait_s: float, idle_s: f
         a.sock.close()
     ctx.term()
     keys = ("granted", "put", "refused", "credit_requests")
-    return {k: sum(getattr(a, k) for a in actors) for k in keys}
+    ack_ms = np.concatenate([a.ack_ms for a in actors]) if any(a.ack_ms for a in actors) else np.zeros(1)
+    return {**{k: sum(getattr(a, k) for a in actors) for k in keys},
+            "ack_ms_p50": float(np.percentile(ack_ms, 50)), "ack_ms_p99": float(np.percentile(ack_ms, 99))}
 
 
 def go() -> float:

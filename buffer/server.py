@@ -233,12 +233,19 @@ class BufferServer:
 
     def _handle_queued(self) -> None:
         """Handle what is queued (up to MAX_BATCH requests), in order: send the replies that acknowledge
-        nothing written now; keep PUT ACKs until their groups are in the log (:meth:`_advance_commit`).
-        Consecutive PUTs are decoded one by one and admitted together (:meth:`_admit_puts`), before the
-        next other request is handled."""
+        nothing written as they are made; keep PUT ACKs until their groups are in the log
+        (:meth:`_advance_commit`). Consecutive PUTs are decoded one by one and admitted together
+        (:meth:`_admit_puts`), before the next other request is handled, or as soon as the commit in
+        flight ends (its ACKs go out and the next commit starts then, not after the whole queue)."""
         now: list[list] = []
         puts: list[_Put] = []
         for _ in range(MAX_BATCH):
+            if self._committing is not None and self._committing[0].done():
+                if puts:
+                    self._admit_puts(puts, now)  # and, with them, the next commit
+                    puts = []
+                else:
+                    self._advance_commit()
             try:
                 msg = [self._sock.recv(_NOBLOCK, copy=False)]  # zero-copy: bodies stay zmq frames
             except zmq.Again:
@@ -256,7 +263,7 @@ class BufferServer:
                 request = self._answer_or_hold(request)
                 if request is None:
                     continue
-            now.append(request)
+            self._send([request])
             if not self._running:
                 break
         if puts:
