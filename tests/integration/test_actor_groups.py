@@ -65,11 +65,14 @@ def test_vllm_actor_puts_each_group_as_it_ends(stack, monkeypatch):
 
 
 @pytest.mark.parametrize("stack", [1], indirect=True)
-def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(stack):
-    """2 slots for 4 groups of 1; version 1 is announced before the call and loaded after 8 tokens: the
-    first two groups start at 0 (and end at 1 when longer than 8 tokens), the last two start at 1."""
+@pytest.mark.parametrize("mode", ["finish", "abort"])
+def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(stack, mode):
+    """2 slots for 4 groups of 1; version 1 is announced before the call and loaded after 8 tokens.
+    `finish`: the first two groups start at 0 (and end at 1 when longer than 8 tokens), the last two start
+    at 1. `abort`: a group that ended within 8 tokens is PUT at 0; the call is then dropped and the other
+    groups generated again at 1."""
     sharp = scaled_model(build_tiny_model(stack["tmp"] / "tiny", seed=2), stack["tmp"] / "sharp", 2.0)
-    cfg = TrainConfig(model=str(sharp), task="half_vocab", engine="hf", inflight_update="finish", group_size=1,
+    cfg = TrainConfig(model=str(sharp), task="half_vocab", engine="hf", inflight_update=mode, group_size=1,
                       batch_size=4, topk=1, max_new_tokens=24, max_num_seqs=2, run_name="t",
                       log_dir=str(stack["tmp"]))
     actor = RolloutActor(cfg, 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))
@@ -88,8 +91,10 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
     rows = [g[0] for g in groups_in_log_order(stack["run"])]
     got = sorted((r["policy_version"], r["last_policy_version"], len(r["completion_ids"]), r["served_versions"])
                  for r in rows)
-    print(f"HF in-flight: (policy_version, last_policy_version, tokens, served_versions) {got}")
-    assert [v for v, *_ in got] == [0, 0, 1, 1]
+    print(f"HF in-flight {mode}: (policy_version, last_policy_version, tokens, served_versions) {got}")
+    assert len(got) == 4 and (actor.aborted_calls, mode) in ((0, "finish"), (1, "abort"))
+    if mode == "finish":
+        assert [v for v, *_ in got] == [0, 0, 1, 1]
     for first, last, tokens, served in got:
         assert last == (0 if first == 0 and tokens <= 8 else 1)
         assert served == list(range(first, last + 1))  # the attestation stamps of this group's versions only
