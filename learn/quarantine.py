@@ -50,9 +50,9 @@ class LearnerAttestation:
         for line in verdict.lines:
             log.warning("learner%d: learner version %d quarantined %s", self.rank, version, line)
         total = int(all_reduce_sum([verdict.quarantined], self.world_size)[0])
-        self.attestor.judge(total, version)
         # attest_s: this check and the canary of the version it trains (seconds; bench/attest.py reads it)
         self.metrics.scalars({"learner/quarantined_groups": verdict.quarantined,
                               "learner/unattested_groups": verdict.unattested,
                               "learner/attest_s": time.perf_counter() - t0 + self.record_s}, step=version + 1)
+        self.attestor.judge(total, version)  # after the metrics: the version that stops the run is counted
         return verdict.kept
