@@ -144,9 +144,6 @@ class LearnOptions:
     """Learning rate after the warm-up, by policy version: constant, or cosine / linear decay to 0 at --max_steps."""
     lr_warmup_steps: int = 0
     """Versions of linear warm-up from --learning_rate / lr_warmup_steps to --learning_rate."""
-    finetune: Literal["lora", "full"] = "lora"
-    """`lora` trains an adapter and publishes it (format `lora`); `full` trains every weight and publishes
-    the whole model (format `full`)."""
     lora_alpha: int = 32
     """LoRA alpha (scale = alpha / r)."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

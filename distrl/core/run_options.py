@@ -75,6 +75,10 @@ class SharedOptions:
     scores them as they are; `zero` gives them reward 0 (before the group's advantages); `mask` keeps
     their reward in the group's advantages but gives their tokens no loss (DAPO's overlong filtering, Yu
     et al. 2025, arXiv:2503.14476). Every completion's reward components carry `truncated` 0/1."""
+    finetune: Literal["lora", "full"] = "lora"
+    """`lora` trains an adapter and publishes it (format `lora`); `full` trains every weight and publishes
+    the whole model (format `full`). Actors read it too: a vLLM engine serves LoRA requests only for `lora`
+    (vLLM's LoRA layers rename the weights that a full-weight reload would replace)."""
     lora_rank: int = 16
     """LoRA rank r (default 16). Any rank up to 512 works with `--engine vllm`: its engine loads adapters up
     to the next rank vLLM accepts (1, 8, 16, 32, 64, 128, 256, 320, 512; 48 gets 64)."""

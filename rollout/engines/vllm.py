@@ -94,23 +94,28 @@ class VLLMEngine(Engine):
         adapter rank it will load (raised to the next rank vLLM accepts: :func:`engine_lora_rank`);
         max_model_len: prompt + completion limit in tokens; seed: sampling seed of the engine;
         gpu_memory_utilization: fraction of GPU memory vLLM may take (GPU only); merge_lora: load LoRA
-        versions merged into the base weights (see the module docstring); max_num_seqs: most requests
-        vLLM schedules at once (None: vLLM's default).
+        versions merged into the base weights (see the module docstring); lora: serve LoRA requests
+        (``--finetune lora``); a full fine-tuning run's engine starts without vLLM's LoRA layers, which on
+        CUDA rename the weights a full reload replaces (``embed_tokens.base_layer.weight``); max_num_seqs:
+        most requests vLLM schedules at once (None: vLLM's default).
     """
 
     def __init__(self, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
                  max_model_len: int | None = None, seed: int = 0, gpu_memory_utilization: float = 0.5,
-                 merge_lora: bool = False, max_num_seqs: int | None = None):
+                 merge_lora: bool = False, lora: bool = True, max_num_seqs: int | None = None):
         import torch
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
+        # the engine core and its one worker in this process: full weights load in place from tensors
+        # (load_tensors), and no process boundary sits between a weight update and the next generate
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if dtype == "auto":
             dtype = "bfloat16" if on_gpu else "float32"
         kwargs = dict(gpu_memory_utilization=gpu_memory_utilization) if on_gpu else dict(enforce_eager=True)
         if max_num_seqs is not None:
             kwargs.update(max_num_seqs=max_num_seqs)
-        if not merge_lora:
+        if lora and not merge_lora:
             kwargs.update(enable_lora=True, max_lora_rank=engine_lora_rank(max_lora_rank), max_loras=2)
         self.llm = LLM(model=model, tokenizer=tokenizer, dtype=dtype, max_model_len=max_model_len, seed=seed,
                        logprobs_mode="processed_logprobs", **kwargs)
@@ -141,8 +146,8 @@ class VLLMEngine(Engine):
         """Serve full weights given as (name, tensor) pairs (checkpoint names, e.g. a transformers model's
         ``named_parameters()``), copied into the running model by vLLM's ``reload_weights`` with a
         ``weights_iterator``: no file is written. An engine whose worker runs in another process (vLLM's
-        multiprocessing, the GPU default) would receive the tensors through vLLM's own IPC: it takes the
-        base class's path through a temporary safetensors directory instead.
+        multiprocessing, when ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` is set) would receive the tensors through
+        vLLM's own IPC: it takes the base class's path through a temporary safetensors directory instead.
 
         Raises ValueError for a version not newer than the one served.
         """

@@ -54,7 +54,7 @@ REMOVED: dict[str, dict[str, str]] = {
                          "clip_eps", "clip_eps_low", "clip_eps_high", "loss_aggregation", "loss_norm_tokens",
                          "pg_baseline", "baseline_decay", "kl_coef", "kl_estimator", "off_policy", "is_cap",
                          "is_level", "is_mask_low", "is_mask_high", "max_grad_norm", "lr_schedule", "lr_warmup_steps",
-                         "lora_alpha", "lora_target_modules", "finetune", "backend", "load_in_4bit",
+                         "lora_alpha", "lora_target_modules", "backend", "load_in_4bit",
                          "checkpoint_every", "export_final"], _LEARNER),
     },
 }
