@@ -20,6 +20,7 @@ from pathlib import Path
 
 from distrl.cmd.configfile import flag_tokens
 from distrl.core.join import join_file_path, read_join_file, write_join_file
+from distrl.weights import transport
 
 log = logging.getLogger("distrl.cmd.join")
 NOT_JOINED = frozenset({"actor_id", "run_name", "log_dir", "resume", "config", "join"})  # host-local or per actor
@@ -84,9 +85,10 @@ def apply_join(cfg) -> None:
         if cfg.log_dir == defaults["log_dir"] and run_dir.is_dir():
             cfg.log_dir = str(run_dir.parent)
         cfg.run_name = run_dir.name
-    if cfg.weights_transport == "nccl":
-        raise ValueError(f"--join {cfg.join}: this run's weights travel by nccl, whose group is fixed when the run "
-                         "starts: a joining actor cannot enter it (start the run with --weights_transport zmq)")
+    if transport(cfg.weights_transport).needs_actors:  # nccl
+        raise ValueError(f"--join {cfg.join}: this run's weights travel by {cfg.weights_transport}, whose group is "
+                         "fixed when the run starts: a joining actor cannot enter it (start the run with "
+                         "--weights_transport zmq)")
     model = str(cfg.model)
     if Path(model).is_absolute() and not Path(model).exists():
         raise ValueError(f"--join {cfg.join}: the run's model {model} is not on this host (no shared filesystem): "

@@ -173,22 +173,6 @@ def test_periodic_eval_schedule(tmp_path):
     assert ev.skipped(served=6, newest=8) is None
 
 
-def test_vllm_cpu_calls_stay_under_the_token_budget(monkeypatch):
-    import rollout.engines.vllm as vllm_engine
-
-    engine = object.__new__(vllm_engine.VLLMEngine)  # only the call splitter: no vLLM started
-    engine._on_gpu = False
-    engine.tokenizer = lambda text: {"input_ids": list(text)}  # one token per character
-    monkeypatch.setattr(vllm_engine, "CPU_CALL_TOKENS", 12)
-    # costs (tokens x n=2): 8, 4, 12, 2 under a budget of 12; a prompt over budget still goes alone
-    assert engine._calls(["aaaa", "bb", "cccccc", "d"], 2, 1) == [(0, 2), (2, 3), (3, 4)]
-    assert engine._calls(["a" * 50, "b"], 1, 1) == [(0, 1), (1, 2)]
-    # greedy: each prompt sent `copies` times; ranges never split a prompt's copies
-    assert engine._calls(["aaaa", "aaaa", "bbbb", "bbbb"], 1, 2) == [(0, 2), (2, 4)]
-    engine._on_gpu = True
-    assert engine._calls(["a", "b"], 8, 1) == [(0, 2)]
-
-
 def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_flag(tmp_path):
     from distrl.cmd.evaluate import check_fits
     from distrl.core.errors import PreflightError
