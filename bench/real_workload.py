@@ -24,7 +24,9 @@ in this process, with the task's reward and with the custom one (:func:`score_co
 
 Usage (GPU): ``python -m bench.real_workload run --model SmolLM2.gguf --out DIR --cases defaults,chunk256``;
 ``python -m bench.real_workload report DIR [DIR ...]`` writes ``bench/results/real_workload.json``.
-``python -m bench.real_workload smoke``: the tiny model on CPU, 3 versions of one case (under a minute).
+``python -m bench.real_workload smoke --out DIR``: the same code path on CPU (the tiny model, 3 versions of the
+``custom_reward`` case, 8 prompts x 4 completions, its run directory removed afterwards), under a minute on two
+cores; exit 1 when no version was measured (tests/integration/test_real_workload_smoke.py runs it in make test).
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ def run_case(args, case: str, out: Path) -> dict:
             proc.kill()
             proc.wait()
             how = "killed at --hard_s"
+    if args.mode == "smoke":  # Ray's session files: nothing to keep from a smoke run
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     result = {"case": case, "how": how, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[2:]),
               **phases(work / case, args.warmup)}
     if result.get("first_version_wall"):  # start-up: launch to the learner's first version
@@ -251,6 +255,21 @@ def report(dirs: list[str], note: str = "") -> None:
     print_summary(summary)
 
 
+def smoke(args) -> int:
+    """The ``custom_reward`` case on CPU: the tiny model, 3 versions (none left out), 8 prompts x 4 completions
+    of 5 tokens, one torch thread; its run directory (a temporary one) is removed afterwards. Returns the exit
+    code: 0 when versions were measured."""
+    args.model, args.cases, args.warmup, args.versions = "tiny", "custom_reward", 0, 3
+    args.batch_size, args.group_size, args.max_new_tokens = 8, 4, 5
+    args.extra = (args.extra + " --torch_threads 1").strip()
+    args.work = tempfile.mkdtemp(prefix="real_workload_")
+    try:
+        summary = run(args)
+    finally:
+        shutil.rmtree(args.work, ignore_errors=True)
+    return 0 if summary["cases"]["custom_reward"].get("versions") else 1
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=["run", "report", "smoke"])
@@ -268,12 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--extra", default="", help="more `distrl train` flags for every case (one string)")
     parser.add_argument("--note", default="", help="report: a line kept in the JSON (machine, commit, command)")
     args = parser.parse_args(argv)
-    if args.mode == "smoke":  # CPU: the tiny model, 3 versions of the custom-reward case, no warm-up
-        args.model, args.cases, args.warmup, args.versions = "tiny", "custom_reward", 0, 3
-        args.work = tempfile.mkdtemp(prefix="real_workload_")
-        args.max_new_tokens, args.extra = 5, (args.extra + " --torch_threads 1").strip()
-        summary = run(args)
-        sys.exit(0 if summary["cases"]["custom_reward"].get("versions") else 1)
+    if args.mode == "smoke":
+        sys.exit(smoke(args))
     if args.mode == "run":
         run(args)
     else:
