@@ -22,7 +22,7 @@ from buffer.segments import read_segments
 from rollout.evaluation import score_problem, summarize
 from rollout.tasks import ArithTask, load_task
 from tests.helpers import shared_data
-from tests.integration.test_train import ENV, ROOT, qwen_tiny  # noqa: F401  (fixture)
+from tests.integration.test_train import ENV, ROOT
 
 
 def distrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -56,8 +56,10 @@ def hand_metrics(problems: list[dict], ks: list[int]) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("data", ["math500/test.jsonl", "gsm8k/test.jsonl"])
-def test_distrl_eval_counts(qwen_tiny, tmp_path, data):  # noqa: F811
+# gsm8k is slow: the same `distrl eval` path and hand count run on math500 in make test, and GSM8K's scoring
+# is tests/unit/test_evaluate.py::test_gold_solutions_score_correct_math500_gsm8k.
+@pytest.mark.parametrize("data", ["math500/test.jsonl", pytest.param("gsm8k/test.jsonl", marks=pytest.mark.slow)])
+def test_distrl_eval_counts(qwen_tiny, tmp_path, data):
     dataset = shared_data() / data
     out = tmp_path / "eval.json"
     proc = distrl("eval", "--model", str(qwen_tiny), "--dataset", str(dataset), "--limit", "20", "--num_samples", "4",
@@ -112,7 +114,8 @@ def test_distrl_eval_counts_nonzero(tmp_path):
 
 def test_train_eval_every(tmp_path):
     """Held-out evaluation at versions 0, 2, 4; held-out expressions never trained on; `distrl eval
-    --adapter` on the published version 4 reproduces the in-training numbers (greedy)."""
+    --adapter --engine hf` on the published version 4 reproduces the in-training numbers of the vLLM
+    actor (greedy): the eval path of both engines, which agree token for token (test_eval_engines_agree)."""
     distrl("train", "--model", "tiny", "--task", "arith", "--eval_every", "2", "--eval_size", "16", "--max_steps", "4",
            "--max_new_tokens", "8", "--run_name", "ev", "--log_dir", str(tmp_path))
     run_dir = tmp_path / "ev"
@@ -131,7 +134,7 @@ def test_train_eval_every(tmp_path):
     assert trained and not heldout & trained
     out = tmp_path / "v4.json"
     distrl("eval", "--model", str(run_dir / "model"), "--adapter", str(run_dir / "weights" / "v000004"),
-           "--task", "arith", "--limit", "16", "--max_new_tokens", "8", "--output", str(out))
+           "--engine", "hf", "--task", "arith", "--limit", "16", "--max_new_tokens", "8", "--output", str(out))
     report = json.loads(out.read_text())
     assert report["version"] == 4
     assert {p["prompt_id"] for p in report["problems"]} == heldout
@@ -139,6 +142,9 @@ def test_train_eval_every(tmp_path):
         assert report["metrics"][name] == pytest.approx(lines[-1][name])
 
 
+# slow: in make test, test_train_eval_every evaluates with --engine hf what the vLLM actor evaluated in training
+# and asserts the same numbers.
+@pytest.mark.slow
 def test_eval_engines_agree(tmp_path):
     """`--engine hf` and `--engine vllm` greedy on the embedded tiny model: the same answers on the
     same held-out arith problems (the engines' greedy tokens match, tests/integration/test_engines.py)."""

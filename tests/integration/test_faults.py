@@ -9,7 +9,7 @@
 
 Every process a test starts runs in its own session and is killed by that group id at the end.
 CI runs three (SIGINT, a killed actor, a frozen learner); `-m slow` the others (about two minutes
-each on two loaded cores).
+each on two loaded cores; each names the test that covers it in CI).
 """
 
 from __future__ import annotations
@@ -147,6 +147,10 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     assert table.column("policy_version")[rejoined * 4].as_py() >= 1
 
 
+# slow: the same rule (distrl.cmd.actor_runs: a lost actor, the run goes on with the others) runs in make test as
+# tests/integration/test_multinode.py::test_node_loss_costs_only_its_in_flight_groups; a killed actor as
+# test_killed_actor_is_restarted_rejoins_and_the_run_completes.
+@pytest.mark.slow
 def test_actor_with_no_restarts_left_is_gone_and_the_run_goes_on(tmp_path):
     """distrl.cmd.actor_runs: the rule for a lost node, here for a process: actor1 killed with
     --max_actor_restarts 0 is gone; actor0 carries the run to its last version."""

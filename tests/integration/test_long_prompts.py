@@ -13,7 +13,7 @@ from buffer.segments import read_segments
 from rollout.prompt_fit import prompt_ids
 from rollout.tasks import load_task
 from tests.helpers import shared_data
-from tests.integration.test_train import ENV, ROOT, distrl, qwen_tiny, run, scalars  # noqa: F401 (fixture)
+from tests.integration.test_train import ENV, ROOT, distrl, run, scalars
 
 MATH500 = shared_data() / "math500" / "test.jsonl"
 LIMIT = 92  # --max_model_len 100 - --max_new_tokens 8
@@ -68,6 +68,9 @@ def test_long_prompts_are_skipped_and_counted(qwen_tiny, tmp_path):
     assert evals and all(e["num_problems"] == EVAL_SIZE - heldout_long for e in evals)  # long ones left out
 
 
+# slow: truncation to the last ids is tests/unit/test_prompt_fit.py::test_policies_skip_truncate_error, and the
+# actor's long-prompt path through `distrl train` runs in make test as test_long_prompts_are_skipped_and_counted.
+@pytest.mark.slow
 def test_long_prompts_truncated_keep_their_last_tokens(qwen_tiny, tmp_path):
     from transformers import AutoTokenizer
 

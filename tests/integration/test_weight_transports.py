@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.integration.test_train import ENV, check_run, distrl, run, scalars
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,10 @@ def test_full_weights_by_collective_broadcast_are_on_policy(tmp_path):
     assert "full, digest sum64:" in (run_dir / "logs" / "actor0.log").read_text()
 
 
+# slow: in-flight loads are test_engines.py::test_hf_inflight_update_switches_weights_between_decode_steps and
+# test_hf_fast.py::test_weight_loads_and_inflight_updates_match_the_engine_loop (tests/integration); the HF engine
+# through the whole stack is test_progress_guard.py, test_terminal.py and test_multinode.py (--engine hf).
+@pytest.mark.slow
 def test_hf_engine_with_inflight_updates(tmp_path):
     """The HF engine through the whole stack, loading versions between decode steps (`finish`)."""
     from buffer.segments import read_segments

@@ -21,14 +21,6 @@ def qwen():
 
 
 @pytest.fixture(scope="module")
-def qwen_tiny(tmp_path_factory) -> str:
-    """A tiny random Qwen2 with the Qwen2.5 tokenizer (only its config and tokenizer are read here)."""
-    from distrl.core.tiny import build_tiny_model
-
-    return str(build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", tokenizer=QWEN))
-
-
-@pytest.fixture(scope="module")
 def math500():
     task = load_task("math500", str(MATH500))
     return task, [task.to_problem(row, i) for i, row in enumerate(task.rows)]
@@ -44,7 +36,7 @@ def test_the_eval_check_counts_the_templated_prompt(qwen, math500, qwen_tiny):
     row = max(range(len(problems)), key=lengths.__getitem__)
     templated, plain = lengths[row], len(qwen(task.prompt(problems[row]))["input_ids"])  # 824, 810 tokens
     assert plain < templated
-    model = qwen_tiny
+    model = str(qwen_tiny)  # tests/conftest.py: only its config and tokenizer are read here
     between = (plain + templated) // 2 + 16
     with pytest.raises(PreflightError, match=rf"--max_model_len: all 1 prompts .* \(up to {templated} tokens\)") as err:
         check_fits(model, None, task, [problems[row]], max_new_tokens=16, max_model_len=between)
@@ -90,7 +82,7 @@ def test_check_prompt_lengths_per_policy(qwen_tiny):
     from distrl.cmd.config import TrainConfig
 
     def cfg(**kw):
-        return TrainConfig(model=qwen_tiny, dataset=str(MATH500), max_new_tokens=8, **kw)
+        return TrainConfig(model=str(qwen_tiny), dataset=str(MATH500), max_new_tokens=8, **kw)
 
     fit = check_prompt_lengths(cfg(max_model_len=100))  # default skip
     assert fit.total == 500 and 0 < fit.long < 500 and fit.longest == 824 and fit.limit == 92
