@@ -309,8 +309,9 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
               "--max_staleness", str(staleness)]
     role = ["--model", str(model_dir), "--task", "half_vocab", "--max_new_tokens", str(args.max_new_tokens),
             "--log_dir", str(work), "--run_name", run_name, *common[:4],
-            "--weights_transport", "fs" if colocated else args.weights_transport]  # what learn and rollout share
-    learn_only = ["--max_steps", str(args.versions), "--finetune", "full", "--backend", "hf", "--learning_rate",
+            "--weights_transport", "fs" if colocated else args.weights_transport,
+            "--finetune", "full"]  # what learn and rollout share
+    learn_only = ["--max_steps", str(args.versions), "--backend", "hf", "--learning_rate",
                   "1e-6", "--checkpoint_every", "0", "--export_final", "off", *common[4:]]
     if args.weights_transport == "nccl" and not colocated:
         role += ["--weights_broadcast_port", str(free_port())]
@@ -333,15 +334,16 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     procs["learner"] = subprocess.Popen(
         cli + ["learn", *role, *learn_only, "--buffer_address", buf, "--weights_pub_bind", pub,
                "--weights_endpoint_bind", ep,
-               "--learner_pack_tokens", str(args.pack_tokens), "--learner_chunk_size", str(args.chunk),
+               "--learner_pack_tokens", str(args.pack_tokens),
+               *(["--learner_chunk_size", str(args.chunk)] if args.chunk else []),
                "--learner_head_chunk_tokens", str(args.head_chunk),
                *(["--learner_compile"] if args.async_compile and not colocated else []), *extra],
         cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[1]}, stdout=open(logs / "learner.out", "w"),
         stderr=subprocess.STDOUT)
     if not colocated:
         procs["actor"] = subprocess.Popen(
-            cli + ["rollout", *role, "--engine", "hf", "--buffer_address", buf, "--weights_pub", pub,
-                   "--weights_endpoint", ep],
+            cli + ["rollout", *role, "--engine", getattr(args, "engine", "hf"), "--buffer_address", buf,
+                   "--weights_pub", pub, "--weights_endpoint", ep],
             cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
             stderr=subprocess.STDOUT)
     try:

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# vLLM for CUDA on the lent GPU machine (issue 22), in calls of at most 64 MiB each (device tool).
+#
+# Here, once (downloads ~400 MB, packs ~230 MB; needs ../shared/gpu/smollm2.sh's .gguf, see below):
+#   bash bench/gpu_vllm_stage.sh pack                 -> .gpu/v22/1 .. .gpu/v22/N (git-ignored)
+# There, one device call per folder, back to back (the machine forgets /tmp 30 s after a call):
+#   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
+# then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
+#   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
+#
+# What is packed:
+# - vllm 0.26.0 (the last release that pins torch 2.11.0, the image's; its kernels link libcudart.so.13 as the
+#   image's cu130 torch does), trimmed of what a dense bf16 model on Hopper never loads: FlashAttention 2 (FA3
+#   serves sm90; the import is guarded), the MoE, FlashMLA and QuTLASS kernels (imports guarded), the Rust
+#   frontend binary, DeepGEMM/FMHA-sm100 sources and the API server's static files: 304 MB wheel -> 73 MB tar.xz
+# - the wheels in bench/gpu_vllm_wheels.txt (--no-deps), ~45 MB
+# - SmolLM2-135M-Instruct (.gguf, 94 MB, from .gpu/smollm2/ as ../shared/gpu/smollm2.sh makes it) and the
+#   Qwen2.5 tokenizer (../shared/data/tokenizers/qwen2.5) for the 0.5B architecture
+set -euo pipefail
+mode=${1:?pack, stage DIR, install or env-run CMD}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PIECE_MB=56
+VLLM=vllm==0.26.0
+TRIM=(vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/vllm-rs
+      vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so vllm/_qutlass_C.abi3.so
+      vllm/third_party/fmha_sm100 vllm/entrypoints/serve/instrumentator/static
+      vllm/third_party/deep_gemm/_C.cpython-310-x86_64-linux-gnu.so vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so
+      vllm/third_party/deep_gemm/_C.cpython-313-x86_64-linux-gnu.so vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so)
+PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp)
+for n in 5 17 24 26 27 28 31 34 35; do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done
+PLAT+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any)
+
+pack() {
+  local stage; stage=$(mktemp -d)
+  mkdir -p "$stage/pack/wheels" "$stage/vllm"
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage" "$VLLM"
+  (cd "$stage/vllm" && unzip -q "$stage"/vllm-*.whl && rm -rf "${TRIM[@]}" \
+     && tar -cf - vllm vllm-*.dist-info | xz -T0 -6 > "$stage/pack/vllm.tar.xz")
+  grep -v '^#' "$ROOT/bench/gpu_vllm_wheels.txt" | grep . > "$stage/req.txt"
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage/pack/wheels" -r "$stage/req.txt"
+  local gguf="$ROOT/.gpu/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  [ -f "$gguf" ] || { echo "no $gguf: run ../shared/gpu/smollm2.sh .gpu/smollm2 first" >&2; exit 1; }
+  cp "$gguf" "$stage/pack/"
+  cp -r "$ROOT/../shared/data/tokenizers/qwen2.5" "$stage/pack/qwen2.5"
+  tar -cf "$stage/pack.tar" -C "$stage" pack
+  rm -rf "$ROOT/.gpu/v22"
+  split -b "${PIECE_MB}M" -d "$stage/pack.tar" "$stage/piece."
+  local k=1
+  for f in "$stage"/piece.*; do mkdir -p "$ROOT/.gpu/v22/$k" && mv "$f" "$ROOT/.gpu/v22/$k/"; k=$((k + 1)); done
+  rm -rf "$stage"
+  du -sh "$ROOT"/.gpu/v22/*
+}
+
+install() {  # join the pieces, unpack vllm and install the wheels under /tmp/site (once per machine)
+  [ -f /tmp/site/.vllm_staged ] && return 0
+  cd /tmp/v22stage
+  cat piece.* | tar -xf - && rm piece.*
+  mkdir -p /tmp/site
+  python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site pack/wheels/*.whl
+  touch /tmp/site/.vllm_staged
+  du -sh /tmp/site
+}
+
+case "$mode" in
+  pack) pack ;;
+  stage) mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/ && ls /tmp/v22stage ;;
+  install) t0=$(date +%s); install; echo "install: $(( $(date +%s) - t0 )) s" ;;
+  env-run) shift
+    export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+      TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 DISTRL_GGUF_CACHE=/tmp/gguf \
+      VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+    "$@" ;;
+  *) echo "unknown mode $mode: pack, stage DIR, install or env-run CMD" >&2; exit 2 ;;
+esac
