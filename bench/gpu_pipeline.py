@@ -343,7 +343,9 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     if not colocated:
         procs["actor"] = subprocess.Popen(
             cli + ["rollout", *role, "--engine", getattr(args, "engine", "hf"), "--buffer_address", buf,
-                   "--weights_pub", pub, "--weights_endpoint", ep],
+                   "--weights_pub", pub, "--weights_endpoint", ep,
+                   # vLLM takes its share of the GPU at start; the learner shares the GPU when gpus == 1
+                   *(["--gpu_memory_utilization", "0.3"] if getattr(args, "engine", "hf") == "vllm" else [])],
             cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
             stderr=subprocess.STDOUT)
     try:

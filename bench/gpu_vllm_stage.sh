@@ -7,6 +7,10 @@
 #   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
+# or, to outlast one call's 10 minutes: `start` runs install and the benches (bench/gpu_vllm.py, then
+# bench/variable_length.py, then gpu_vllm's launchers and trl cases) in the background (setsid), logging to
+# /tmp/g22; each later call (back to back, within 30 s) is `poll SECONDS`: waits up to SECONDS for the end,
+# packs /tmp/g22 into $OUT/g22.tgz and prints the logs' last lines. The last piece may ride with `start`.
 #
 # What is packed:
 # - vllm 0.26.0 (the last release that pins torch 2.11.0, the image's; its kernels link libcudart.so.13 as the
@@ -17,7 +21,7 @@
 # - SmolLM2-135M-Instruct (.gguf, 94 MB, from .gpu/smollm2/ as ../shared/gpu/smollm2.sh makes it) and the
 #   Qwen2.5 tokenizer (../shared/data/tokenizers/qwen2.5) for the 0.5B architecture
 set -euo pipefail
-mode=${1:?pack, stage DIR, install or env-run CMD}
+mode=${1:?pack, stage DIR, install, env-run CMD, start [DIR] or poll SECONDS}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PIECE_MB=56
 VLLM=vllm==0.26.0
@@ -62,14 +66,36 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
   du -sh /tmp/site
 }
 
+session() {  # the background job of `start` (see the header); each step's exit status goes to /tmp/g22/steps
+  local g=/tmp/g22 pack=/tmp/v22stage/pack
+  local bench=(python3 -m bench.gpu_vllm --model "$pack/SmolLM2-135M-Instruct.Q4_1.gguf" --tokenizer "$pack/qwen2.5"
+               --out "$g/vllm" --case_timeout_s 600)
+  step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
+           ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
+  step install install
+  step vllm_equal_decode bash "$0" env-run "${bench[@]}" --cases equal,decode
+  step variable_length bash "$0" env-run python3 -m bench.variable_length --out "$g/vl"
+  step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl
+  touch "$g/DONE"
+}
+
 case "$mode" in
+  start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
+    if [ -n "${2:-}" ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
+    setsid nohup bash "$0" session > /tmp/g22/session.log 2>&1 < /dev/null &
+    sleep 2; cat /tmp/g22/steps ;;
+  session) cd "$ROOT" && session ;;
+  poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
+    tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm -name "*.log" -size -4M 2>/dev/null) || true
+    cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack ;;
   stage) mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/ && ls /tmp/v22stage ;;
   install) t0=$(date +%s); install; echo "install: $(( $(date +%s) - t0 )) s" ;;
   env-run) shift
     export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
       TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 DISTRL_GGUF_CACHE=/tmp/gguf \
-      VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+      VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
     "$@" ;;
-  *) echo "unknown mode $mode: pack, stage DIR, install or env-run CMD" >&2; exit 2 ;;
+  *) echo "unknown mode $mode: pack, stage DIR, install, env-run CMD, start [DIR] or poll SECONDS" >&2; exit 2 ;;
 esac

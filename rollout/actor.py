@@ -82,7 +82,8 @@ class RolloutActor:
         if engine is None:
             engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
                                  seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora, batching=cfg.batching,
-                                 max_num_seqs=cfg.max_num_seqs, lora=cfg.finetune == "lora")
+                                 max_num_seqs=cfg.max_num_seqs, lora=cfg.finetune == "lora",
+                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
             self.inflight_update = cfg.inflight_update
         self.engine = engine
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked

@@ -196,6 +196,10 @@ class RolloutOptions:
     """Completions per held-out problem at each evaluation (pass@k and maj@k for k up to it)."""
     eval_temperature: float = 0.0
     """Sampling temperature of evaluations; 0 is greedy (then --eval_num_samples must be 1)."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of the GPU's memory an actor's vLLM engine takes (weights, activations and its KV cache; --engine
+    vllm on CUDA). vLLM takes it whole at start: when the learner shares the actor's GPU (`distrl learn`
+    and `distrl rollout` on one GPU), lower it so that the learner's step fits beside it, e.g. 0.3."""
 
     def check(self) -> None:
         """Raise ValueError naming the first bad actor option."""
@@ -204,6 +208,8 @@ class RolloutOptions:
                              "engine generates in one call)")
         if self.log_samples < 0:
             raise ValueError(f"--log_samples must be >= 0, got {self.log_samples}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"--gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.eval_num_samples < 1:
             raise ValueError(f"--eval_num_samples must be >= 1, got {self.eval_num_samples}")
         if self.eval_temperature < 0:

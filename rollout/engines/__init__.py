@@ -13,7 +13,8 @@ __all__ = ["ENGINES", "FORMATS", "Completion", "Engine", "PromptResult", "VLLMEn
 
 def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str = "auto", max_lora_rank: int = 16,
                 max_model_len: int | None = None, seed: int = 0, merge_lora: bool = False,
-                batching: str = "continuous", max_num_seqs: int | None = None, lora: bool = True) -> Engine:
+                batching: str = "continuous", max_num_seqs: int | None = None, lora: bool = True,
+                gpu_memory_utilization: float = 0.5) -> Engine:
     """The generation engine of ``kind`` (``--engine``): ``vllm`` or ``hf``.
 
     Args:
@@ -29,12 +30,13 @@ def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str 
         batching: ``continuous`` or ``static`` (``hf``; vLLM's scheduler is continuous).
         max_num_seqs: most completions decoded at once (None: all of a call for ``hf``, vLLM's default).
         lora: the run trains LoRA adapters (``--finetune lora``); ``vllm`` then serves LoRA requests.
+        gpu_memory_utilization: fraction of the GPU's memory ``vllm`` takes on CUDA (unused by ``hf``).
     Raises:
         ValueError: an unknown ``kind``.
     """
     if kind == "vllm":
         return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora,
-                          max_num_seqs=max_num_seqs, lora=lora)
+                          max_num_seqs=max_num_seqs, lora=lora, gpu_memory_utilization=gpu_memory_utilization)
     if kind == "hf":
         from rollout.engines.hf import HFEngine
 

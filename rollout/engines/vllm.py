@@ -232,8 +232,10 @@ class VLLMEngine(Engine):
         try:
             while queued < len(prompts) or owner:
                 while queued < len(prompts) and (not owner or in_flight + cost[queued] <= CPU_CALL_TOKENS):
+                    # detokenize=False: vLLM's per-token detokenizing (text and the sampled token's logprob
+                    # entry) is Python work per row and step; the text is decoded once per completion instead
                     params = [SamplingParams(n=n // copies, temperature=temperature, top_p=1.0, top_k=-1,
-                                             max_tokens=max_new_tokens, logprobs=0,
+                                             max_tokens=max_new_tokens, logprobs=0, detokenize=False,
                                              seed=None if seed is None else seed + queued * n + c)
                               for c in range(copies)]
                     ids = self.llm.enqueue([requests[queued]] * copies, params, lora_request=self._lora,
@@ -249,7 +251,7 @@ class VLLMEngine(Engine):
                         if len(outputs[i]) == copies:
                             in_flight -= cost[i]
                             done = outputs.pop(i)
-                            ended.append((i, _result([done[c] for c in range(copies)])))
+                            ended.append((i, _result([done[c] for c in range(copies)], self.tokenizer)))
                 if ended:
                     yield sorted(ended, key=lambda e: e[0])
         finally:
@@ -264,12 +266,13 @@ class VLLMEngine(Engine):
         self._drop_scratch()
 
 
-def _result(outputs: list) -> PromptResult:
-    """One prompt's vLLM RequestOutputs (its copies, in order) as a PromptResult: token ids, processed
-    logprobs of the sampled tokens, text and finish reason of each completion."""
-    completions = []
-    for c in (c for out in outputs for c in out.outputs):
-        ids = list(c.token_ids)
-        lps = [step[tok].logprob for step, tok in zip(c.logprobs, ids)]
-        completions.append(Completion(ids, lps, c.text, c.finish_reason or "stop"))
+def _result(outputs: list, tokenizer) -> PromptResult:
+    """One prompt's vLLM RequestOutputs (its copies, in order; generated with ``detokenize=False``) as a
+    PromptResult: token ids, processed logprobs of the sampled tokens, text (``tokenizer.batch_decode``,
+    special tokens skipped, as vLLM's own detokenizer) and finish reason of each completion."""
+    outs = [c for out in outputs for c in out.outputs]
+    ids = [list(c.token_ids) for c in outs]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    completions = [Completion(t, [step[tok].logprob for step, tok in zip(c.logprobs, t)], text,
+                              c.finish_reason or "stop") for c, t, text in zip(outs, ids, texts)]
     return PromptResult(list(outputs[0].prompt_token_ids), completions)

@@ -205,6 +205,22 @@ def test_each_row_stops_at_its_stop_token(w, kind):
     assert got[1][1] == "stop"
 
 
+def test_vllm_text_is_vllm_own_detokenized_text(w):
+    """The engine samples with detokenize=False and decodes each completion once: the same text vLLM's
+    own per-token detokenizer gives for the same seeded completions (sampled: varied tokens)."""
+    from vllm import SamplingParams
+
+    with engine("vllm", w["base"], lora=False) as e:
+        ours = [c for r in e.generate(PROMPTS, 2, 1.0, NEW, seed=5) for c in r.completions]
+        assert any(c.text for c in ours)
+        own = [c for i, prompt in enumerate(PROMPTS)
+               for out in e.llm.generate([prompt], SamplingParams(n=2, temperature=1.0, top_p=1.0, top_k=-1,
+                                                                  max_tokens=NEW, logprobs=0, seed=5 + 2 * i),
+                                          use_tqdm=False) for c in out.outputs]
+    assert [c.token_ids for c in ours] == [list(c.token_ids) for c in own]
+    assert [c.text for c in ours] == [c.text for c in own]
+
+
 def test_load_weights_refuses_old_versions_and_unknown_formats(w):
     with engine("hf", w["base"]) as e:
         e.load_weights(3, "lora", w["lora1"])

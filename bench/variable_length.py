@@ -1,0 +1,196 @@
+"""Variable-length generation on one GPU with the HF engine's sampler (issue 23, parts (b) and (c)).
+
+The Qwen2.5-0.5B architecture with random bf16 weights (a random model's EOS timing means nothing, so
+each row's length is forced: no stop token, the row's budget ends it), 64-token random prompts, sampled at
+T = 1 by :class:`rollout.engines.hf_continuous.ContinuousSampler` as the engine builds it on CUDA (decode
+step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
+
+- ``continuous``: ``--rows`` rows whose lengths are drawn from a seeded lognormal (median ``--median``,
+  sigma ``--sigma``, capped at ``--cap``), decoded in ``--slots`` slots, once with the slots refilled as
+  rows end (continuous batching) and once in static batches of ``--slots`` rows in order, each run to its
+  longest row. measured = static seconds / continuous seconds; ideal = (sum over the static batches of the
+  longest row x the batch's rows) / the total tokens, i.e. the decode steps x rows the static batch spends
+  over those that carry a token; continuous_vs_ideal = measured / ideal.
+- ``decode``: fixed length (256 new tokens) at each batch of ``--batches``, tok/s = batch x 256 / wall
+  seconds (after a warm-up call of the same shapes), against the memory-bound limit
+  (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context).
+
+    python -m bench.variable_length --out DIR [--cases continuous,decode]   (CUDA)
+    python -m bench.variable_length --smoke --out DIR                     (a tiny model on CPU: the logic)
+
+Prints a table, then one JSON object on the last line (also ``DIR/variable_length.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy bandwidth of one H200 (device notes)
+PROMPT = 64
+
+
+def draw_lengths(n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
+    """n completion lengths (tokens) from lognormal(log(median), sigma), rounded, clipped to [1, cap]."""
+    import random
+
+    rng = random.Random(seed)
+    return [min(cap, max(1, round(math.exp(rng.gauss(math.log(median), sigma))))) for _ in range(n)]
+
+
+def ideal_ratio(lengths: list[int], batch: int) -> float:
+    """Static batching's row-steps over the tokens they carry: sum over the batches of ``batch`` rows (in
+    order; the last may be smaller) of longest row x rows, divided by sum(lengths)."""
+    chunks = [lengths[i: i + batch] for i in range(0, len(lengths), batch)]
+    return sum(max(c) * len(c) for c in chunks) / sum(lengths)
+
+
+def roofline_tok_s(weight_bytes: int, cfg, batch: int, prompt: int, new: int) -> tuple[float, str]:
+    """Memory-bound decode limit in tok/s: each step reads every weight once and each row's K/V cache at the
+    mean context (prompt + new / 2 tokens), at 4.3 TB/s. Returns (tok/s, the formula with its numbers)."""
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16 bytes
+    mean_ctx = prompt + new / 2
+    step_s = (weight_bytes + batch * mean_ctx * kv_per_token) / HBM_BYTES_PER_S
+    formula = (f"({weight_bytes / 1e9:.3f} GB weights + {batch} rows x {mean_ctx:.0f} tokens x "
+               f"{kv_per_token} B KV) / 4.3 TB/s = {1e3 * step_s:.3f} ms a step")
+    return batch / step_s, formula
+
+
+def make_sampler(model, cuda: bool):
+    """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget)."""
+    import torch
+
+    from rollout.engines.hf_continuous import ContinuousSampler
+
+    dev = model.device
+    return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
+                             generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
+                             compile_step=cuda)
+
+
+def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
+    """(wall seconds, tokens generated) of one ``run`` to the end, synchronized around."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    tokens = sum(len(f.tokens) for done in sampler.run(rows, budget, 1.0, slots=slots, static=static) for f in done)
+    sync()
+    return time.perf_counter() - t0, tokens
+
+
+def random_rows(n: int, vocab: int, seed: int) -> list[list[int]]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, vocab - 1, (n, PROMPT), generator=g).tolist()
+
+
+def case_continuous(model, args, cuda: bool) -> dict:
+    lengths = draw_lengths(args.rows, args.median, args.sigma, args.cap, seed=args.seed)
+    rows = random_rows(args.rows, model.config.vocab_size, seed=1)
+    sampler = make_sampler(model, cuda)
+    # warm-up on the same shapes (slots x positions x columns): one row of the longest budget, the rest short
+    warm = [max(lengths)] + [8] * (args.slots - 1)
+    timed_run(sampler, rows[: args.slots], warm, args.slots, static=False)
+    captures = sampler.captures
+    static_s, static_tokens = timed_run(sampler, rows, lengths, args.slots, static=True)
+    cont_s, cont_tokens = timed_run(sampler, rows, lengths, args.slots, static=False)
+    if not static_tokens == cont_tokens == sum(lengths):
+        raise AssertionError(f"tokens: static {static_tokens}, continuous {cont_tokens}, drawn {sum(lengths)}")
+    ideal = ideal_ratio(lengths, args.slots)
+    measured = static_s / cont_s
+    return dict(rows=args.rows, slots=args.slots, tokens=sum(lengths), length_median=sorted(lengths)[len(lengths) // 2],
+                length_mean=round(sum(lengths) / len(lengths), 1), length_max=max(lengths),
+                static_s=round(static_s, 3), continuous_s=round(cont_s, 3),
+                static_tok_s=round(static_tokens / static_s), continuous_tok_s=round(cont_tokens / cont_s),
+                continuous_vs_static=round(measured, 3), continuous_ideal_ratio=round(ideal, 3),
+                continuous_vs_ideal=round(measured / ideal, 3), graph_captures_after_warmup=sampler.captures - captures)
+
+
+def case_decode(model, args, cuda: bool) -> dict:
+    import torch
+
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head counted once
+    new = args.new_tokens
+    res = {}
+    for batch in args.batches:
+        rows = random_rows(batch, model.config.vocab_size, seed=2)
+        sampler = make_sampler(model, cuda)
+        timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
+        times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(args.repeats)]
+        tok_s = batch * new / sorted(times)[len(times) // 2]
+        limit, formula = roofline_tok_s(weight_bytes, model.config, batch, PROMPT, new)
+        res[f"b{batch}"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times], roofline_tok_s=round(limit),
+                                roofline_fraction=round(tok_s / limit, 3), formula=formula,
+                                step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+        del sampler
+        if cuda:
+            torch.cuda.empty_cache()
+    return res
+
+
+def summary(res: dict) -> dict:
+    cont, dec = res.get("continuous", {}), res.get("decode", {})
+    top = max((int(k[1:]) for k in dec), default=None)
+    return {k: cont.get(k) for k in ("continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal")} | {
+        "decode_tok_s": {k: v.get("tok_s") for k, v in dec.items()},
+        "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
+        f"decode_roofline_fraction_b{top}": dec.get(f"b{top}", {}).get("roofline_fraction") if top else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="directory of variable_length.json")
+    p.add_argument("--cases", default="continuous,decode")
+    p.add_argument("--rows", type=int, default=2048, help="continuous: rows (completions)")
+    p.add_argument("--slots", type=int, default=256, help="continuous: rows decoded at once (the static batch)")
+    p.add_argument("--median", type=float, default=150.0, help="continuous: median completion length, tokens")
+    p.add_argument("--sigma", type=float, default=0.8, help="continuous: lognormal sigma of the lengths")
+    p.add_argument("--cap", type=int, default=1024, help="continuous: longest completion, tokens")
+    p.add_argument("--seed", type=int, default=0, help="continuous: seed of the lengths")
+    p.add_argument("--batches", default="256,1024", help="decode: batch sizes")
+    p.add_argument("--new_tokens", type=int, default=256, help="decode: new tokens a row")
+    p.add_argument("--repeats", type=int, default=3, help="decode: timed calls a batch (median)")
+    p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
+    args = p.parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    import torch
+
+    from bench.gpu_generate import QWEN25_05B, SMOKE, build_model
+
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and not args.smoke:
+        p.error("needs CUDA (or --smoke)")
+    if args.smoke:
+        args.rows, args.slots, args.median, args.cap = 24, 8, 6, 24
+        args.batches, args.new_tokens, args.repeats = [4], 8, 1
+    model = build_model(SMOKE if args.smoke else QWEN25_05B, "cuda" if cuda else "cpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "errors": {}}
+    for name, fn in (("continuous", case_continuous), ("decode", case_decode)):
+        if name in args.cases.split(","):
+            try:
+                res[name] = fn(model, args, cuda)
+            except Exception as exc:  # reported; the other case's numbers stand
+                res["errors"][name] = f"{type(exc).__name__}: {exc}"[-1500:]
+            res["summary"] = summary(res)
+            (args.out / "variable_length.json").write_text(json.dumps(res, indent=1))
+    for name in ("continuous", "decode"):
+        print(f"{name}: {json.dumps(res.get(name))}")
+    print(json.dumps(res["summary"] | {"errors": res["errors"]}))
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
