@@ -104,7 +104,9 @@ def case_continuous(model, args, cuda: bool) -> dict:
     timed_run(sampler, rows[: args.slots], warm, args.slots, static=False)
     captures = sampler.captures
     static_s, static_tokens = timed_run(sampler, rows, lengths, args.slots, static=True)
+    print(f"static: {static_s:.3f} s", flush=True)
     cont_s, cont_tokens = timed_run(sampler, rows, lengths, args.slots, static=False)
+    print(f"continuous: {cont_s:.3f} s", flush=True)
     if not static_tokens == cont_tokens == sum(lengths):
         raise AssertionError(f"tokens: static {static_tokens}, continuous {cont_tokens}, drawn {sum(lengths)}")
     ideal = ideal_ratio(lengths, args.slots)

@@ -20,10 +20,20 @@ Loop (:meth:`ContinuousSampler.run`):
    recorded at its row's own column (the row's length so far). Free slots decode padding, masked out of
    every output. On CUDA the step is captured once in a graph (and optionally compiled), as in
    :mod:`rollout.engines.hf_fast`; admitting rows copies into the same buffers, so the graph stays valid.
-3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): one host
-   sync reads ``done``; the rows that ended are handed back (yielded) and their slots freed; then
-   ``between_steps`` runs (an in-flight load) and waiting rows are admitted. A row therefore waits at
-   most ``interval - 1`` steps after its end before it is handed back and its slot refilled.
+3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): a snapshot
+   of the slots' outputs is copied to the host (non-blocking, an event behind it); the rows it shows ended
+   are handed back (yielded) and their slots freed; then ``between_steps`` runs (an in-flight load) and
+   waiting rows are admitted. A row therefore waits at most ``interval - 1`` steps after its end before it
+   is handed back and its slot refilled.
+
+   Look-ahead: while rows wait for a slot (and no ``between_steps`` is given), the snapshot of an interval
+   is read only after the next interval's steps are queued, so the host's work of a hand-back and of the
+   admission's eager prefill runs while the GPU decodes, instead of between the GPU's steps (on an H200,
+   about 25 ms an admission against 8 ms a step, issue 23). A row ended in interval i is then handed back
+   after interval i + 1 (its slot decodes padding meanwhile, masked as every ended row's). A slot's
+   snapshot counts only from the interval its current row was admitted in. With ``between_steps`` the
+   hand-back stays synchronous, so each row's stamps are the versions of its first and last tokens; so
+   does static batching's (the reference: each batch to its longest row, no interval more).
 
 Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
 weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
@@ -118,6 +128,20 @@ class _State:
 
 
 @dataclass
+class _Snapshot:
+    """The host's copy of the slots' outputs after interval ``interval`` (see ``ContinuousSampler._snapshot``);
+    ``event`` marks the copy's end on CUDA (None on CPU, where the copy is done)."""
+
+    interval: int
+    done: torch.Tensor
+    lengths: torch.Tensor
+    stopped: torch.Tensor
+    tokens: torch.Tensor
+    logps: torch.Tensor
+    event: "torch.cuda.Event | None" = None
+
+
+@dataclass
 class Finished:
     """A row handed back: its index in ``run``'s rows, tokens and logprobs (T,), whether it ended on a stop
     token, and ``stamp()`` when it was admitted and when it was handed back."""
@@ -151,6 +175,7 @@ class ContinuousSampler:
         self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0
         self._state: _State | None = None
+        self._host: dict = {}  # (valid.shape + tokens.shape) -> two sets of pinned snapshot buffers (CUDA)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
 
@@ -180,14 +205,16 @@ class ContinuousSampler:
         greedy = temperature == 0
         st.temperature.fill_(temperature if temperature > 0 else 1.0)
         waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
+        admitted = [0] * b  # the interval each slot's current row was admitted in
         st.done.fill_(True)
-        t = 1  # tokens recorded by the rows admitted first (the engine's loop counts its steps so)
+        t, k, pending = 1, 0, None  # tokens recorded by the first rows (as the engine's loop counts), interval
         while True:
+            k += 1
             free = [s for s, o in enumerate(owner) if o < 0][: len(waiting)]
             if free and (not static or all(o < 0 for o in owner)):
                 taken = [waiting.popleft() for _ in free]
                 for s, r in zip(free, taken):
-                    owner[s], started[r] = r, stamp()
+                    owner[s], started[r], admitted[s] = r, stamp(), k
                 with _grouped(model):
                     self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken], greedy)
             if all(o < 0 for o in owner):
@@ -198,21 +225,44 @@ class ContinuousSampler:
                     t += 1
                     if t % self.interval == 0:
                         break
-            finished = self._hand_back(st, owner, started, stamp())
+            snaps = [pending, self._snapshot(st, k)]
+            pending = snaps.pop() if waiting and between_steps is None and not static else None  # look-ahead
+            finished = [f for snap in snaps if snap is not None
+                        for f in self._hand_back(snap, owner, started, admitted, stamp())]
             if finished:
                 yield finished
             if between_steps is not None and (waiting or any(o >= 0 for o in owner)):
                 between_steps()
 
-    def _hand_back(self, st: _State, owner: list[int], started: list[int], version: int) -> list[Finished]:
-        """The rows whose slots are done (one host sync), their slots freed."""
-        done = st.done.tolist()
-        slots = [s for s, o in enumerate(owner) if o >= 0 and done[s]]
+    def _snapshot(self, st: _State, k: int) -> "_Snapshot":
+        """Interval ``k``'s done/lengths/stopped/tokens/logps, copied to the host behind the queued steps
+        (two pinned buffer sets on CUDA, used in turn: a snapshot is read before the next but one is taken)."""
+        names = ("done", "lengths", "stopped", "tokens", "logps")
+        if st.tok.device.type != "cuda":
+            return _Snapshot(k, *(getattr(st, n).clone() for n in names))
+        pair = self._host.get(st.valid.shape + st.tokens.shape)
+        if pair is None:
+            pair = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
+            self._host = {st.valid.shape + st.tokens.shape: pair}
+        host = pair[k % 2]
+        for dst, n in zip(host, names):
+            dst.copy_(getattr(st, n), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _Snapshot(k, *host, event)
+
+    def _hand_back(self, snap: "_Snapshot", owner: list[int], started: list[int], admitted: list[int],
+                   version: int) -> list[Finished]:
+        """The rows that ``snap`` shows done (admitted no later than its interval), their slots freed."""
+        if snap.event is not None:
+            snap.event.synchronize()
+        done = snap.done.tolist()
+        slots = [s for s, o in enumerate(owner) if o >= 0 and done[s] and admitted[s] <= snap.interval]
         if not slots:
             return []
-        index = torch.tensor(slots, device=st.tok.device)
-        lengths, stopped = st.lengths[index].tolist(), st.stopped[index].tolist()
-        tokens, logps = st.tokens[index].tolist(), st.logps[index].tolist()
+        index = torch.tensor(slots)
+        lengths, stopped = snap.lengths[index].tolist(), snap.stopped[index].tolist()
+        tokens, logps = snap.tokens[index].tolist(), snap.logps[index].tolist()
         out = []
         for i, s in enumerate(slots):
             n, r = lengths[i], owner[s]

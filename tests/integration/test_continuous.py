@@ -104,3 +104,33 @@ def test_inflight_update_stamps_each_completion_with_its_versions(w):
     v1 = engine(w["full"], batching="static").generate(PROMPTS[2:4], 1, 0.0, new)
     print(f"in-flight: versions {[c.versions for c in flat(got)]}, lengths {[len(c.token_ids) for c in flat(got)]}, "
           f"rows admitted after the load vs version 1 alone: largest logprob gap {assert_same(v1, got[2:]):.2e}")
+
+
+def test_lookahead_hands_each_row_back_once_one_interval_late_while_rows_wait(w):
+    """3 slots, 7 rows of budgets 3..13 (no stop token), a look every 4 tokens: while rows wait, a row that
+    ends in interval i is handed back after interval i + 1 (its slot refilled then); once none waits, at the
+    end of its own interval. Each row exactly once, with its full budget. The stamp counts decode steps."""
+    from rollout.engines.hf_continuous import ContinuousSampler
+
+    e = engine(w["sharp"])
+    sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                                cuda_graphs=False, interval=4)
+    steps, step = [0], sampler._step
+
+    def counted(*args):
+        steps[0] += 1
+        step(*args)
+
+    sampler._step = counted
+    ids = [e.tokenizer(p)["input_ids"] for p in PROMPTS] + [e.tokenizer("5+5=")["input_ids"]]
+    budget = [3, 13, 5, 4, 9, 6, 7]
+    handed = [f for done in sampler.run(ids, budget, 0.0, slots=3, stamp=lambda: steps[0]) for f in done]
+    assert sorted(f.row for f in handed) == list(range(7))
+    assert all(len(f.tokens) == budget[f.row] for f in handed)
+    at = {f.row: f.versions for f in handed}  # (steps at admission, steps at hand-back)
+    # row 0 (3 tokens: the prefill's and 2 steps) ends in the first interval (3 steps); 4 rows wait, so it is
+    # handed back after the second (7 steps), and row 3, the first waiting, takes its slot then
+    assert at[0] == (0, 7) and at[3][0] == 7, at
+    # the last row admitted: nothing waits any more, so it is handed back at the end of the interval it ends in
+    last = max(at, key=lambda r: at[r][0])
+    assert at[last][1] - at[last][0] <= budget[last] - 1 + 4, at
