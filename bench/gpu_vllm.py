@@ -10,7 +10,9 @@
               random model rarely samples EOS) against the HF engine's fast path (``StaticSampler``, CUDA
               graph + compiled step, EOS ignored), tok/s = tokens / wall seconds (median of the timed calls
               after one warm-up); the memory-bound limit per step is (weight bytes + KV bytes read per
-              step) / 4.3 TB/s, printed with its formula (``bench.variable_length.roofline_tok_s``)
+              step) / 4.3 TB/s, printed with its formula (``bench.variable_length.roofline_tok_s``); a
+              second vLLM engine with its core in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``:
+              no in-place loads, scheduling overlapped with the GPU) unless --no_vllm_multiprocessing
     launchers ``distrl buffer`` + ``distrl learn`` + ``distrl rollout --engine vllm|hf`` on GPU 0 (the
               learner and the actor share it), full fine-tuning, half_vocab, completions/s over the
               timed versions; the learner's publish and the actor's load seconds (TensorBoard)
@@ -60,60 +62,102 @@ def _generated(engine, rows: list[list[int]], new: int) -> int:
     return sum(len(c.token_ids) for r in done for c in r.completions)
 
 
-def case_decode(args, out: Path) -> dict:
+PROMPT, NEW = 64, 256  # decode: prompt and new tokens a row
+
+
+def _random_rows(batch: int, vocab: int) -> list[list[int]]:
     import torch
 
-    from bench.gpu_generate import QWEN25_05B, build_model, sampler
-    from bench.gpu_pipeline import build_model as save_model
+    return torch.randint(0, vocab - 2, (batch, PROMPT), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def _vllm_decode(model_dir: Path, batches: list[int], repeats: int, vocab: int, multiprocessing: bool) -> dict:
+    """tok/s of the actor's engine and call (processed logprobs, one logprob a token, no detokenizing, text
+    decoded once a completion) at each batch; a random model rarely samples EOS: tokens generated are counted.
+    ``multiprocessing``: vLLM's engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1), scheduling
+    and output processing overlapping the GPU's steps, against the in-process engine distrl starts by default
+    (in-place loads)."""
+    import gc
+
+    import torch
+
     from rollout.engines.vllm import VLLMEngine
 
-    model_dir = save_model("qwen2.5-0.5b", args.tokenizer, Path(args.work) / "qwen0.5b")
-    prompt, new = 64, 256
-    res: dict = {}
-    hf = build_model(QWEN25_05B, "cuda")
-    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied head counted once
-    # the actor's engine and call: processed logprobs, one logprob per token, no detokenizing, text decoded
-    # once per completion (a random model rarely samples EOS: the tokens generated are counted)
-    engine = VLLMEngine(str(model_dir), gpu_memory_utilization=0.5, lora=False, max_num_seqs=max(args.batches),
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+    engine = VLLMEngine(str(model_dir), gpu_memory_utilization=0.5, lora=False, max_num_seqs=max(batches),
                         max_model_len=1024)
-    for batch in args.batches:
-        g = torch.Generator().manual_seed(1)
-        rows = torch.randint(0, QWEN25_05B["vocab_size"] - 2, (batch, prompt), generator=g).tolist()
-        _generated(engine, rows, new)  # warm-up
+    res = {}
+    for batch in batches:
+        rows = _random_rows(batch, vocab)
+        _generated(engine, rows, NEW)  # warm-up
         times, tokens = [], 0
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
-            tokens = _generated(engine, rows, new)
+            tokens = _generated(engine, rows, NEW)
             times.append(time.perf_counter() - t0)
-        tok_s = tokens / statistics.median(times)
-        limit, formula = roofline_tok_s(weight_bytes, hf.config, batch, prompt, new)
-        res[f"vllm_b{batch}"] = dict(tok_s=round(tok_s), tokens=tokens, times_s=[round(t, 3) for t in times])
-        res[f"roofline_b{batch}"] = dict(tok_s=round(limit), formula=formula, vllm_fraction=round(tok_s / limit, 3))
-        print(f"vllm b{batch}: {res[f'vllm_b{batch}']} roofline {formula}", flush=True)
+        res[batch] = dict(tok_s=round(tokens / statistics.median(times)), tokens=tokens,
+                          times_s=[round(t, 3) for t in times])
+        print(f"vllm multiprocessing={multiprocessing} b{batch}: {res[batch]}", flush=True)
     del engine
+    gc.collect()
+    if not multiprocessing:  # the in-process engine's distributed state, so that another engine can start
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
     torch.cuda.empty_cache()
-    for batch in args.batches:
-        g = torch.Generator().manual_seed(1)
-        rows = torch.randint(0, QWEN25_05B["vocab_size"] - 2, (batch, prompt), generator=g).tolist()
+    return res
+
+
+def _hf_decode(hf, batches: list[int], repeats: int, vocab: int) -> dict:
+    """tok/s of the HF engine's fast path (StaticSampler, CUDA graph + compiled step, EOS ignored)."""
+    import torch
+
+    from bench.gpu_generate import sampler
+
+    res = {}
+    for batch in batches:
+        rows = _random_rows(batch, vocab)
         s = sampler(hf, graphs=True, compile_step=True)
         try:
-            s.sample(rows, [new] * batch, 1.0)
+            s.sample(rows, [NEW] * batch, 1.0)
             times = []
-            for _ in range(args.repeats):
+            for _ in range(repeats):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                s.sample(rows, [new] * batch, 1.0)
+                s.sample(rows, [NEW] * batch, 1.0)
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
-            res[f"hf_b{batch}"] = dict(tok_s=round(batch * new / statistics.median(times)),
-                                       times_s=[round(t, 3) for t in times])
-            limit = roofline_tok_s(weight_bytes, hf.config, batch, prompt, new)[0]
-            res[f"roofline_b{batch}"]["hf_fraction"] = round(res[f"hf_b{batch}"]["tok_s"] / limit, 3)
-        except Exception as exc:  # e.g. out of memory at 1024 rows: reported, vLLM's numbers stand
-            res[f"hf_b{batch}"] = dict(error=f"{type(exc).__name__}: {exc}"[:300])
-        print(f"hf b{batch}: {res[f'hf_b{batch}']}", flush=True)
+            res[batch] = dict(tok_s=round(batch * NEW / statistics.median(times)), times_s=[round(t, 3) for t in times])
+        except Exception as exc:  # e.g. out of memory at 1024 rows: reported, the other numbers stand
+            res[batch] = dict(error=f"{type(exc).__name__}: {exc}"[:300])
+        print(f"hf b{batch}: {res[batch]}", flush=True)
         del s
         torch.cuda.empty_cache()
+    return res
+
+
+def case_decode(args, out: Path) -> dict:
+    from bench.gpu_generate import QWEN25_05B, build_model
+    from bench.gpu_pipeline import build_model as save_model
+
+    model_dir = save_model("qwen2.5-0.5b", args.tokenizer, Path(args.work) / "qwen0.5b")
+    vocab = QWEN25_05B["vocab_size"]
+    hf = build_model(QWEN25_05B, "cuda")
+    weight_bytes = sum(p.numel() * p.element_size() for p in hf.parameters())  # tied head counted once
+    runs = {"vllm": _vllm_decode(model_dir, args.batches, args.repeats, vocab, multiprocessing=False)}
+    if args.vllm_multiprocessing:
+        runs["vllm_mp"] = _vllm_decode(model_dir, args.batches, args.repeats, vocab, multiprocessing=True)
+    runs["hf"] = _hf_decode(hf, args.batches, args.repeats, vocab)
+    res: dict = {}
+    for batch in args.batches:
+        limit, formula = roofline_tok_s(weight_bytes, hf.config, batch, PROMPT, NEW)
+        res[f"roofline_b{batch}"] = dict(tok_s=round(limit), formula=formula)
+        for name, run in runs.items():
+            res[f"{name}_b{batch}"] = run[batch]
+            if "tok_s" in run[batch]:
+                res[f"roofline_b{batch}"][f"{name}_fraction"] = round(run[batch]["tok_s"] / limit, 3)
+        print(f"roofline b{batch}: {res[f'roofline_b{batch}']}", flush=True)
     return res
 
 
@@ -171,6 +215,7 @@ def summary(res: dict) -> dict:
             "hf_decode_tok_s_b256": dec.get("hf_b256", {}).get("tok_s"),
             "hf_decode_tok_s_b1024": dec.get("hf_b1024", {}).get("tok_s"),
             "decode_roofline_fraction_b1024": dec.get("roofline_b1024", {}).get("vllm_fraction"),
+            "decode_tok_s_b1024_multiprocessing": dec.get("vllm_mp_b1024", {}).get("tok_s"),
             "hf_decode_roofline_fraction_b1024": dec.get("roofline_b1024", {}).get("hf_fraction"),
             "vs_trl": (vllm_run.get("completions_per_s") / trl_cps
                        if vllm_run.get("completions_per_s") and trl_cps else None),
@@ -189,6 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="vllm,hf", help="launchers: engines, in order")
     p.add_argument("--batches", default="256,1024")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no_vllm_multiprocessing", dest="vllm_multiprocessing", action="store_false",
+                   help="decode: skip the second vLLM engine with its core in its own process")
     p.add_argument("--versions", type=int, default=8)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--group_size", type=int, default=8)
