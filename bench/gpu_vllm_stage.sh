@@ -7,10 +7,12 @@
 #   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
-# or, to outlast one call's 10 minutes: `start` runs install and the benches (bench/gpu_vllm.py, then
-# bench/variable_length.py, then gpu_vllm's launchers and trl cases) in the background (setsid), logging to
-# /tmp/g22; each later call (back to back, within 30 s) is `poll SECONDS`: waits up to SECONDS for the end,
-# packs /tmp/g22 into $OUT/g22.tgz and prints the logs' last lines. The last piece may ride with `start`.
+# or, to outlast one call's 10 minutes: `start [DIR [CASES]]` runs install and the benches in the background
+# (setsid), logging to /tmp/g22: bench/gpu_vllm.py --cases CASES (default equal,decode), then its launchers
+# and trl cases, then bench/variable_length.py; each later call (back to back, within 30 s) is
+# `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 into $OUT/g22.tgz and prints the logs'
+# last lines. DIR: the last piece, staged by the same call. Measured 2026-12-02: staging 108 s of held
+# machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
 #
 # What is packed:
 # - vllm 0.26.0 (the last release that pins torch 2.11.0, the image's; its kernels link libcudart.so.13 as the
@@ -73,18 +75,18 @@ session() {  # the background job of `start` (see the header); each step's exit 
   step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
            ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
   step install install
-  step vllm_equal_decode bash "$0" env-run "${bench[@]}" --cases equal,decode
-  step variable_length bash "$0" env-run python3 -m bench.variable_length --out "$g/vl"
+  step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
   step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl
+  step variable_length bash "$0" env-run python3 -m bench.variable_length --out "$g/vl"
   touch "$g/DONE"
 }
 
 case "$mode" in
   start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
     if [ -n "${2:-}" ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
-    setsid nohup bash "$0" session > /tmp/g22/session.log 2>&1 < /dev/null &
+    setsid nohup bash "$0" session "${3:-equal,decode}" > /tmp/g22/session.log 2>&1 < /dev/null &
     sleep 2; cat /tmp/g22/steps ;;
-  session) cd "$ROOT" && session ;;
+  session) cd "$ROOT" && session "${2:-}" ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm -name "*.log" -size -4M 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
