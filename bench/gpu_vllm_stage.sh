@@ -58,12 +58,13 @@ pack() {
 }
 
 install() {  # join the pieces, unpack vllm and install the wheels under /tmp/site (once per machine)
+  # each line checked: errexit does not hold inside a function whose status is tested (session's step)
   [ -f /tmp/site/.vllm_staged ] && return 0
-  cd /tmp/v22stage
-  cat piece.* | tar -xf - && rm piece.*
-  mkdir -p /tmp/site
-  python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site pack/wheels/*.whl
+  cd /tmp/v22stage || return 1
+  if ls piece.* > /dev/null 2>&1; then cat piece.* | tar -xf - && rm piece.* || return 1; fi
+  mkdir -p /tmp/site || return 1
+  python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')" || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site pack/wheels/*.whl || return 1
   touch /tmp/site/.vllm_staged
   du -sh /tmp/site
 }
