@@ -63,6 +63,8 @@ from rollout.engines.hf_fast import (
     supports_static,
 )
 
+STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
+
 
 class _SlotLayer(CacheLayerMixin):
     """One layer's K/V, (B, Hkv, L, D): decode writes each slot at its own position ``owner.pos``;
@@ -174,15 +176,16 @@ class ContinuousSampler:
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
         self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0
-        self._state: _State | None = None
-        self._host: dict = {}  # (valid.shape + tokens.shape) -> two sets of pinned snapshot buffers (CUDA)
+        self._states: dict[int, _State] = {}  # slot count -> its state (see _prepare)
+        self.states_made = 0  # states allocated so far (each a new compiled shape and graph capture on CUDA)
+        self._host: dict = {}  # (valid.shape + tokens.shape) -> two sets of pinned snapshot buffers (CUDA only)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
 
     def reset(self) -> None:
         """Drop the captured graphs; call after the model's modules (not only their values) changed."""
-        if self._state is not None:
-            self._state.graphs.clear()
+        for st in self._states.values():
+            st.graphs.clear()
 
     @torch.inference_mode()  # torch enters it around each resumption of the generator, not across its yields
     def run(self, rows: list[list[int]], budget: list[int], temperature: float, slots: int | None = None,
@@ -240,10 +243,13 @@ class ContinuousSampler:
         names = ("done", "lengths", "stopped", "tokens", "logps")
         if st.tok.device.type != "cuda":
             return _Snapshot(k, *(getattr(st, n).clone() for n in names))
-        pair = self._host.get(st.valid.shape + st.tokens.shape)
+        key = st.valid.shape + st.tokens.shape
+        pair = self._host.get(key)
         if pair is None:
             pair = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
-            self._host = {st.valid.shape + st.tokens.shape: pair}
+            while len(self._host) >= STATES:  # one pair per live state
+                self._host.pop(next(iter(self._host)))
+            self._host[key] = pair
         host = pair[k % 2]
         for dst, n in zip(host, names):
             dst.copy_(getattr(st, n), non_blocking=True)
@@ -273,11 +279,23 @@ class ContinuousSampler:
     # -- buffers, admission, one step ---------------------------------------------------------
 
     def _prepare(self, model, b: int, length: int, s: int) -> _State:
-        """The state for B slots of ``length`` positions and S output columns, reused when unchanged."""
-        st = self._state
-        if st is not None and st.valid.shape == (b, length) and st.tokens.shape == (b, s + 1):
+        """The state for B slots of at least ``length`` positions and S output columns.
+
+        One state per slot count (at most :data:`STATES`, the least recently used dropped first: e.g. the
+        training calls' and the evaluations'), reused while it is large enough: positions past a row's own
+        are masked and columns past its budget unused, so a longer state gives the same rows. A call that
+        needs more grows it to the larger of both sizes, so a run's varying prompt lengths cost a new state
+        (a torch.compile shape and a graph capture) only when the longest so far grows.
+        """
+        st = self._states.pop(b, None)
+        if st is not None and st.valid.shape[1] >= length and st.tokens.shape[1] >= s + 1:
+            self._states[b] = st  # most recently used last
             return st
-        self._state = None  # free the old buffers and graphs first
+        if st is not None:  # too small: free its buffers and graphs before the larger one is made
+            length, s = max(length, st.valid.shape[1]), max(s, st.tokens.shape[1] - 1)
+            del st
+        while len(self._states) >= STATES:
+            self._states.pop(next(iter(self._states)))
         dev = model.device
         long = dict(dtype=torch.long, device=dev)
         st = _State(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
@@ -287,7 +305,8 @@ class ContinuousSampler:
                     done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
                     temperature=torch.ones((), dtype=torch.float32, device=dev))
         st.cache = Cache(layers=[_SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
-        self._state = st
+        self._states[b] = st
+        self.states_made += 1
         return st
 
     def _admit(self, model, st: _State, slots: list[int], rows: list[list[int]], budget: list[int],

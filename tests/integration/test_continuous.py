@@ -134,3 +134,24 @@ def test_lookahead_hands_each_row_back_once_one_interval_late_while_rows_wait(w)
     # the last row admitted: nothing waits any more, so it is handed back at the end of the interval it ends in
     last = max(at, key=lambda r: at[r][0])
     assert at[last][1] - at[last][0] <= budget[last] - 1 + 4, at
+
+
+def test_states_are_reused_across_calls_of_varying_shapes(w):
+    """A call with a longer prompt grows the slot state; later shorter calls reuse it (no new state: on CUDA
+    no new compiled shape or graph), a call with another slot count keeps a second state; every call's rows
+    equal a fresh engine's (positions past a row's own are masked)."""
+    long_prompt = "1+2=3, " * 14 + "4+5="  # over 64 tokens: a longer state than the short prompts'
+    calls = [(PROMPTS[:3], 2), ([long_prompt, PROMPTS[1], PROMPTS[2]], 2), (PROMPTS[3:6], 2), (PROMPTS[:2], 1)]
+
+    def make():
+        return HFEngine(str(w["sharp"]), dtype="float32", max_model_len=200)
+
+    e = make()
+    made = []
+    for prompts, n in calls:
+        assert_same(make().generate(prompts, n, 0.0, NEW), e.generate(prompts, n, 0.0, NEW))
+        made.append(e._continuous.states_made)
+    # 6 rows (one state), 6 rows with a longer prompt (grown), 6 rows (reused), 2 rows (a second state)
+    assert made == [1, 2, 2, 3], made
+    assert sorted(e._continuous._states) == [2, 6]
+    assert e._continuous._states[6].valid.shape[1] > 128  # the grown one was kept
