@@ -310,7 +310,7 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     role = ["--model", str(model_dir), "--task", "half_vocab", "--max_new_tokens", str(args.max_new_tokens),
             "--log_dir", str(work), "--run_name", run_name, *common[:4],
             "--weights_transport", "fs" if colocated else args.weights_transport,
-            "--finetune", "full"]  # what learn and rollout share
+            "--finetune", getattr(args, "finetune", "full")]  # what learn and rollout share
     learn_only = ["--max_steps", str(args.versions), "--backend", "hf", "--learning_rate",
                   "1e-6", "--checkpoint_every", "0", "--export_final", "off", *common[4:]]
     if args.weights_transport == "nccl" and not colocated:

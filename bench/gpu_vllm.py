@@ -14,7 +14,8 @@
               second vLLM engine with its core in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``:
               no in-place loads, scheduling overlapped with the GPU) unless --no_vllm_multiprocessing
     launchers ``distrl buffer`` + ``distrl learn`` + ``distrl rollout --engine vllm|hf`` on GPU 0 (the
-              learner and the actor share it), full fine-tuning, half_vocab, completions/s over the
+              learner and the actor share it; vLLM takes 0.3 of it), ``--finetunes`` (full, and/or lora:
+              keys ``<engine>_lora``), half_vocab, completions/s over the
               timed versions; the learner's publish and the actor's load seconds (TensorBoard)
     trl       TRL GRPOTrainer on the same GPU, same model/batch/group/lengths (bench.gpu_pipeline.case_trl)
 
@@ -174,21 +175,23 @@ def case_launchers(args, out: Path) -> dict:
 
     model_dir = save_model("qwen2.5-0.5b", args.tokenizer, Path(args.work) / "qwen0.5b")
     res = {}
-    for engine in args.engines:
-        work = Path(args.work) / f"launchers_{engine}"
+    for engine, finetune in ((e, f) for f in args.finetunes for e in args.engines):
+        name = engine if finetune == "full" else f"{engine}_{finetune}"  # full: the keys summary() reads
+        work = Path(args.work) / f"launchers_{name}"
         try:
-            r = run_launchers(_launcher_args(args, engine), model_dir, work, args.max_staleness)
+            r = run_launchers(SimpleNamespace(**vars(_launcher_args(args, engine)), finetune=finetune), model_dir,
+                              work, args.max_staleness)
         except Exception as exc:
-            res[engine] = {"error": f"{type(exc).__name__}: {exc}"[-1500:]}
-            print(f"launchers {engine}: {res[engine]}", flush=True)
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"[-1500:]}
+            print(f"launchers {name}: {res[name]}", flush=True)
             continue
         tb = work / f"async_s{args.max_staleness}" / "tb"
         pub = [v for _, _, v in scalar_events(tb / "learner0", "learner/weight_publish_s")][2:]
         load = [v for _, _, v in scalar_events(tb / "actor0", "actor/weight_load_s")][2:]
         r["weight_publish_s_median"] = statistics.median(pub) if pub else None
         r["weight_load_s_median"] = statistics.median(load) if load else None
-        res[engine] = r
-        print(f"launchers {engine}: {r}", flush=True)
+        res[name] = r
+        print(f"launchers {name}: {r}", flush=True)
     return res
 
 
@@ -232,6 +235,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", required=True, help="the Qwen2.5 tokenizer directory for the 0.5B architecture")
     p.add_argument("--cases", default="equal,decode,launchers,trl")
     p.add_argument("--engines", default="vllm,hf", help="launchers: engines, in order")
+    p.add_argument("--finetunes", default="full", help="launchers: full and/or lora (each engine with each)")
     p.add_argument("--batches", default="256,1024")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no_vllm_multiprocessing", dest="vllm_multiprocessing", action="store_false",
@@ -248,6 +252,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
     args.engines = args.engines.split(",")
+    args.finetunes = args.finetunes.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cases = {"equal": case_equal, "decode": case_decode, "launchers": case_launchers, "trl": case_trl}
