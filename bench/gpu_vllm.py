@@ -42,7 +42,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.variable_length import roofline_tok_s  # noqa: E402
+from bench.variable_length import PROMPT, random_rows, roofline_tok_s  # noqa: E402
 
 
 def case_equal(args, out: Path) -> dict:
@@ -63,13 +63,7 @@ def _generated(engine, rows: list[list[int]], new: int) -> int:
     return sum(len(c.token_ids) for r in done for c in r.completions)
 
 
-PROMPT, NEW = 64, 256  # decode: prompt and new tokens a row
-
-
-def _random_rows(batch: int, vocab: int) -> list[list[int]]:
-    import torch
-
-    return torch.randint(0, vocab - 2, (batch, PROMPT), generator=torch.Generator().manual_seed(1)).tolist()
+NEW = 256  # decode: new tokens a row (prompts: bench.variable_length.PROMPT tokens)
 
 
 def _vllm_decode(model_dir: Path, batches: list[int], repeats: int, vocab: int, multiprocessing: bool) -> dict:
@@ -89,7 +83,7 @@ def _vllm_decode(model_dir: Path, batches: list[int], repeats: int, vocab: int, 
                         max_model_len=1024)
     res = {}
     for batch in batches:
-        rows = _random_rows(batch, vocab)
+        rows = random_rows(batch, vocab, seed=1)
         _generated(engine, rows, NEW)  # warm-up
         times, tokens = [], 0
         for _ in range(repeats):
@@ -118,7 +112,7 @@ def _hf_decode(hf, batches: list[int], repeats: int, vocab: int) -> dict:
 
     res = {}
     for batch in batches:
-        rows = _random_rows(batch, vocab)
+        rows = random_rows(batch, vocab, seed=1)
         s = sampler(hf, graphs=True, compile_step=True)
         try:
             s.sample(rows, [NEW] * batch, 1.0)

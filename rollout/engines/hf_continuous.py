@@ -127,6 +127,7 @@ class _State:
     prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
     cache: Cache | None = None
     graphs: dict = field(default_factory=dict)  # greedy (bool) -> torch.cuda.CUDAGraph
+    host: list | None = None  # CUDA: two sets of pinned buffers for the snapshots, used in turn
 
 
 @dataclass
@@ -178,7 +179,6 @@ class ContinuousSampler:
         self.captures = 0
         self._states: dict[int, _State] = {}  # slot count -> its state (see _prepare)
         self.states_made = 0  # states allocated so far (each a new compiled shape and graph capture on CUDA)
-        self._host: dict = {}  # (valid.shape + tokens.shape) -> two sets of pinned snapshot buffers (CUDA only)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
 
@@ -238,19 +238,18 @@ class ContinuousSampler:
                 between_steps()
 
     def _snapshot(self, st: _State, k: int) -> "_Snapshot":
-        """Interval ``k``'s done/lengths/stopped/tokens/logps, copied to the host behind the queued steps
-        (two pinned buffer sets on CUDA, used in turn: a snapshot is read before the next but one is taken)."""
+        """Interval ``k``'s done/lengths/stopped/tokens/logps as the host will read them.
+
+        On CUDA: copied behind the queued steps into the state's two pinned buffer sets, used in turn (a
+        snapshot is read before the next but one is taken). On CPU, where nothing is queued, only ``done`` is
+        copied: the other outputs of a slot that ``done`` shows ended stay as they are until the slot is
+        refilled, and ``_hand_back`` never reads a slot refilled after its snapshot."""
         names = ("done", "lengths", "stopped", "tokens", "logps")
         if st.tok.device.type != "cuda":
-            return _Snapshot(k, *(getattr(st, n).clone() for n in names))
-        key = st.valid.shape + st.tokens.shape
-        pair = self._host.get(key)
-        if pair is None:
-            pair = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
-            while len(self._host) >= STATES:  # one pair per live state
-                self._host.pop(next(iter(self._host)))
-            self._host[key] = pair
-        host = pair[k % 2]
+            return _Snapshot(k, st.done.clone(), *(getattr(st, n) for n in names[1:]))
+        if st.host is None:
+            st.host = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
+        host = st.host[k % 2]
         for dst, n in zip(host, names):
             dst.copy_(getattr(st, n), non_blocking=True)
         event = torch.cuda.Event()
