@@ -316,7 +316,9 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
     if args.weights_transport == "nccl" and not colocated:
         role += ["--weights_broadcast_port", str(free_port())]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false",
+           # packed batches vary in shape: without it 19 of the learner's 96 GB were reserved but unusable
+           "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")}
     gpus = ["0", "1"] if args.gpus >= 2 and not colocated else ["0", "0"]
     extra = ["--learner_generates", "--number_of_actors", "0"] if colocated else []
     logs = work / f"{run_name}.logs"
@@ -344,8 +346,10 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
         procs["actor"] = subprocess.Popen(
             cli + ["rollout", *role, "--engine", getattr(args, "engine", "hf"), "--buffer_address", buf,
                    "--weights_pub", pub, "--weights_endpoint", ep,
-                   # vLLM takes its share of the GPU at start; the learner shares the GPU when gpus == 1
-                   *(["--gpu_memory_utilization", "0.3"] if getattr(args, "engine", "hf") == "vllm" else [])],
+                   # vLLM takes its share of the GPU at start; the learner shares the GPU when gpus == 1 (H200,
+                   # 2026-12-02: the 0.5B learner took 96 GB beside vLLM's 0.3 = 42 GB and ran out; 0.2 = 28 GB
+                   # holds this bench's KV cache many times over)
+                   *(["--gpu_memory_utilization", "0.2"] if getattr(args, "engine", "hf") == "vllm" else [])],
             cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[0]}, stdout=open(logs / "actor.out", "w"),
             stderr=subprocess.STDOUT)
     try:

@@ -9,7 +9,8 @@
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
 # or, to outlast one call's 10 minutes: `start [DIR [CASES]]` runs install and the benches in the background
 # (setsid), logging to /tmp/g22: bench/gpu_vllm.py --cases CASES (default equal,decode), then its launchers
-# and trl cases, then bench/variable_length.py; each later call (back to back, within 30 s) is
+# (engines ENGINES, default vllm,hf) and trl cases, then bench/variable_length.py RUNS times (default 1):
+# `start DIR CASES ENGINES RUNS`; each later call (back to back, within 30 s) is
 # `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 into $OUT/g22.tgz and prints the logs'
 # last lines. DIR: the last piece, staged by the same call. Measured 2026-12-02: staging 108 s of held
 # machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
@@ -77,19 +78,23 @@ session() {  # the background job of `start` (see the header); each step's exit 
            ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
   step install install
   step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
-  step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl
-  step variable_length bash "$0" env-run python3 -m bench.variable_length --out "$g/vl"
+  step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl \
+    --engines "${2:-vllm,hf}"
+  for k in $(seq "${3:-1}"); do
+    step "variable_length_$k" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" \
+      --cases continuous,decode,profile
+  done
   touch "$g/DONE"
 }
 
 case "$mode" in
   start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
     if [ -n "${2:-}" ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
-    setsid nohup bash "$0" session "${3:-equal,decode}" > /tmp/g22/session.log 2>&1 < /dev/null &
+    setsid nohup bash "$0" session "${3:-equal,decode}" "${4:-vllm,hf}" "${5:-1}" > /tmp/g22/session.log 2>&1 < /dev/null &
     sleep 2; cat /tmp/g22/steps ;;
-  session) cd "$ROOT" && session "${2:-}" ;;
+  session) cd "$ROOT" && session "${2:-}" "${3:-}" "${4:-}" ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
-    tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm -name "*.log" -size -4M 2>/dev/null) || true
+    tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack ;;
@@ -100,5 +105,5 @@ case "$mode" in
       TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 DISTRL_GGUF_CACHE=/tmp/gguf \
       VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
     "$@" ;;
-  *) echo "unknown mode $mode: pack, stage DIR, install, env-run CMD, start [DIR] or poll SECONDS" >&2; exit 2 ;;
+  *) echo "unknown mode $mode: pack, stage DIR, install, env-run CMD, start [DIR [CASES [ENGINES [RUNS]]]] or poll SECONDS" >&2; exit 2 ;;
 esac

@@ -141,6 +141,47 @@ def case_decode(model, args, cuda: bool) -> dict:
     return res
 
 
+def case_profile(model, args, cuda: bool) -> dict:
+    """Where a decode step's time goes at the largest batch: the captured step replayed alone (greedy and
+    sampled; ms a step, no prefill, no host), and the kernels of the same step run without its graph (the
+    profiler's table, top 25 by device time, saved to ``DIR/profile_b<batch>.txt``)."""
+    import torch
+
+    from rollout.engines.hf_continuous import _grouped
+
+    batch, new = max(args.batches), args.new_tokens
+    rows = random_rows(batch, model.config.vocab_size, seed=2)
+    sampler = make_sampler(model, cuda)
+    res = {}
+    for temperature, name in ((0.0, "greedy"), (1.0, "sampled")):
+        for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
+            pass
+        st = sampler._states[batch]
+        graph = st.graphs.get(temperature == 0)
+        if graph is None:  # CPU (--smoke): nothing captured
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        res[f"step_ms_{name}"] = round(start.elapsed_time(end) / 50, 3)
+    st = sampler._states[batch]
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
+        for _ in range(5):
+            sampler._decode_fn(model, st, False)
+        if cuda:
+            torch.cuda.synchronize()
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=90)
+    (args.out / f"profile_b{batch}.txt").write_text(table)
+    print(table, flush=True)
+    res["batch"], res["table"] = batch, f"profile_b{batch}.txt"
+    return res
+
+
 def summary(res: dict) -> dict:
     cont, dec = res.get("continuous", {}), res.get("decode", {})
     top = max((int(k[1:]) for k in dec), default=None)
@@ -153,7 +194,7 @@ def summary(res: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory of variable_length.json")
-    p.add_argument("--cases", default="continuous,decode")
+    p.add_argument("--cases", default="continuous,decode", help="continuous, decode, profile (comma-separated)")
     p.add_argument("--rows", type=int, default=2048, help="continuous: rows (completions)")
     p.add_argument("--slots", type=int, default=256, help="continuous: rows decoded at once (the static batch)")
     p.add_argument("--median", type=float, default=150.0, help="continuous: median completion length, tokens")
@@ -180,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "errors": {}}
-    for name, fn in (("continuous", case_continuous), ("decode", case_decode)):
+    for name, fn in (("continuous", case_continuous), ("decode", case_decode), ("profile", case_profile)):
         if name in args.cases.split(","):
             try:
                 res[name] = fn(model, args, cuda)
@@ -188,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                 res["errors"][name] = f"{type(exc).__name__}: {exc}"[-1500:]
             res["summary"] = summary(res)
             (args.out / "variable_length.json").write_text(json.dumps(res, indent=1))
-    for name in ("continuous", "decode"):
+    for name in ("continuous", "decode", "profile"):
         print(f"{name}: {json.dumps(res.get(name))}")
     print(json.dumps(res["summary"] | {"errors": res["errors"]}))
     return 1 if res["errors"] else 0
