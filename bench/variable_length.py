@@ -188,7 +188,7 @@ def summary(res: dict) -> dict:
     return {k: cont.get(k) for k in ("continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal")} | {
         "decode_tok_s": {k: v.get("tok_s") for k, v in dec.items()},
         "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
-        f"decode_roofline_fraction_b{top}": dec.get(f"b{top}", {}).get("roofline_fraction") if top else None}
+        **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction")} if top else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
