@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -103,6 +104,8 @@ def phases(run_dir: Path, warmup: int) -> dict:
             return sum(v * weight[s] for _, s, v in events.get(tag, []) if s in weight) / n
         return sum(v for w, _, v in events.get(tag, []) if t0 < w <= t1) / n
 
+    captures = [(w, v) for w, _, v in gen.get("actor/graph_captures", [])]
+    warm = max((v for w, v in captures if w <= t0), default=0.0)
     wait = per_version(learner, "learner/idle_fraction_version", gaps)
     publish = per_version(learner, "learner/weight_publish_s", dict.fromkeys(gaps, 1.0))
     mean = sum(gaps.values()) / n
@@ -118,8 +121,28 @@ def phases(run_dir: Path, warmup: int) -> dict:
             "actor_steps_per_version": round(len(actor_steps) / n, 3),
             "learner_tokens_per_s": round(statistics.median(
                 [v for _, s, v in learner.get("learner/tokens_per_s", []) if s in gaps] or [0.0]), 1),
-            "first_version_wall": walls[0][1],
+            "first_version_wall": walls[0][1], "measured_from_wall": t0,
+            "graph_captures_after_warmup": int(max(v for _, v in captures) - warm) if captures else None,
             "times": [round(t, 4) for t in times]}
+
+
+RECOMPILE = re.compile(r"^[VIWEDC](\d{4}) (\d\d:\d\d:\d\d)\.\d+ .*\[__recompiles\] Recompiling function")
+
+
+def recompiles(paths: list[Path], since: float) -> tuple[int, int]:
+    """(recompiles after wall time ``since``, all recompiles) logged by ``TORCH_LOGS=recompiles`` in the files
+    under ``paths`` (the case's log and Ray's session logs, where the roles' stderr goes). torch stamps each
+    line with local month, day and time to the second; the year is ``since``'s."""
+    year, after, total = time.localtime(since).tm_year, 0, 0
+    files = [f for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()
+             and f.suffix in (".log", ".err", ".out")]
+    for f in files:
+        for line in f.read_text(errors="replace").splitlines():
+            m = RECOMPILE.match(line)
+            if m:
+                total += 1
+                after += time.mktime(time.strptime(f"{year}{m[1]} {m[2]}", "%Y%m%d %H:%M:%S")) >= int(since)
+    return after, total
 
 
 def score_cost(work: Path, n: int = 256) -> dict:
@@ -150,7 +173,8 @@ def run_case(args, case: str, out: Path) -> dict:
     """One case to its --max_steps (killed, by pid, after --hard_s); its log, command and :func:`phases`."""
     work = Path(args.work)
     ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONUNBUFFERED": "1",
+           "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}  # counted by recompiles()
     cmd = command(args, case, work)
     shutil.rmtree(work / case, ignore_errors=True)  # an earlier run's directory: distrl train refuses it
     t = time.time()
@@ -162,10 +186,13 @@ def run_case(args, case: str, out: Path) -> dict:
             proc.kill()
             proc.wait()
             how = "killed at --hard_s"
-    if args.mode == "smoke":  # Ray's session files: nothing to keep from a smoke run
-        shutil.rmtree(ray_tmp, ignore_errors=True)
     result = {"case": case, "how": how, "wall_s": round(time.time() - t, 1), "command": " ".join(cmd[2:]),
               **phases(work / case, args.warmup)}
+    if "measured_from_wall" in result:  # recompiles after the warm-up (issue 23, acceptance 6)
+        result["recompiles_after_warmup"], result["recompiles"] = recompiles(
+            [out / f"{case}.log", Path(ray_tmp)], result.pop("measured_from_wall"))
+    if args.mode == "smoke":  # Ray's session files: nothing to keep from a smoke run
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     if result.get("first_version_wall"):  # start-up: launch to the learner's first version
         result["startup_s"] = round(result.pop("first_version_wall") - t, 1)
     name, k = case, 1
@@ -197,6 +224,9 @@ def summarize(results: dict[str, dict], scoring: dict) -> dict:
             "best_case": best,
             "version_s_median_custom_reward": worst("custom_reward").get("version_s_median"),
             "version_s_p90_custom_reward": worst("custom_reward").get("version_s_p90"),
+            "recompiles_after_warmup": max((r.get("recompiles_after_warmup", 0) for r in timed.values()), default=None),
+            "graph_captures_after_warmup": max((r.get("graph_captures_after_warmup") or 0 for r in timed.values()),
+                                               default=None),
             "runs": runs, **scoring, "cases": results}
 
 

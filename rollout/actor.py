@@ -282,6 +282,7 @@ class RolloutActor:
                 "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
                 "actor/inflight_versions": self.version - start_version,
+                "actor/graph_captures": self.engine.graph_captures(),  # cumulative (engines' graph captures)
                 "rollout/long_prompts_skipped": self.long_prompts.skipped,
                 "rollout/long_prompts_truncated": self.long_prompts.truncated}
 

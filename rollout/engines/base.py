@@ -115,6 +115,11 @@ class Engine(ABC):
             ValueError: an unknown format, or a version not newer than the one served.
         """
 
+    def graph_captures(self) -> int:
+        """Decode-step CUDA graphs captured so far (a new shape, or a load that changed the modules): a run
+        whose shapes are warm captures none more (issue 23). 0 for an engine that captures none."""
+        return 0
+
     def canary_logprob(self) -> float:
         """The served weights' mean logprob (nats/token, temperature 1) of the canary sequence
         (:func:`distrl.weights.attest.canary_ids` of the model's ``config.vocab_size``): what the actor stamps

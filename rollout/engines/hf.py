@@ -139,6 +139,9 @@ class HFEngine(Engine):
         self._continuous = None  # the ContinuousSampler (continuous batching); None: static batching
         self.max_num_seqs = None  # most rows decoded at once (None: all rows of a call)
 
+    def graph_captures(self) -> int:
+        return sum(s.captures for s in (self._fast, self._continuous) if s is not None)
+
     # -- generation -----------------------------------------------------------------------------
 
     def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
