@@ -47,6 +47,9 @@ class ActorEndpoints:
     weights_latest: str
 
 
+LOAD_ATTEMPTS = 3  # versions tried in one refresh when a load fails (each newer than the one before)
+
+
 class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
@@ -145,12 +148,19 @@ class RolloutActor:
         if ann.version <= self.version:
             return
         t0, served = time.perf_counter(), self.version
-        try:
-            ann = self.loader.load(ann, self.engine)  # what is now served (a broadcast may carry a newer one)
-        except WeightError as exc:
-            log.error("%s: refusing policy version %d (%s); still serving %d", self.name, ann.version, exc,
-                      self.version)
-            return
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                ann = self.loader.load(ann, self.engine)  # what is now served (a broadcast may carry a newer one)
+                break
+            except WeightError as exc:  # e.g. pruned while loading (a joiner on a fast run): take a newer one now
+                newer = self.weights.poll()
+                if newer.version <= ann.version or attempt == LOAD_ATTEMPTS - 1:
+                    log.error("%s: refusing policy version %d (%s); still serving %d", self.name, ann.version, exc,
+                              self.version)
+                    return
+                log.warning("%s: policy version %d unusable (%s); loading %d", self.name, ann.version, exc,
+                            newer.version)
+                ann = newer
         self.digest = ann.digest
         self.stamps.served(ann.version, ann.digest)  # the canary of the loaded weights, once per load
         log.info("%s: switched from policy version %d to %d (%s, digest %s)", self.name, served,
