@@ -99,8 +99,11 @@ def case_continuous(model, args, cuda: bool) -> dict:
     lengths = draw_lengths(args.rows, args.median, args.sigma, args.cap, seed=args.seed)
     rows = random_rows(args.rows, model.config.vocab_size, seed=1)
     sampler = make_sampler(model, cuda)
-    # warm-up on the same shapes (slots x positions x columns): one row of the longest budget, the rest short
-    warm = [max(lengths)] + [8] * (args.slots - 1)
+    # warm-up on the same shapes (slots x positions x columns): one row of the longest budget, the others ending
+    # 16 tokens apart in halves (the last half at 8, a quarter at 24, ...), so the tail's step runs every bucket
+    # (rollout.engines.hf_continuous.buckets) before the timed runs
+    levels = args.slots.bit_length()
+    warm = [max(lengths)] + [8 + 16 * (levels - (i + 1).bit_length()) for i in range(1, args.slots)]
     timed_run(sampler, rows[: args.slots], warm, args.slots, static=False)
     captures = sampler.captures
     static_s, static_tokens = timed_run(sampler, rows, lengths, args.slots, static=True)
@@ -157,7 +160,7 @@ def case_profile(model, args, cuda: bool) -> dict:
         for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
             pass
         st = sampler._states[batch]
-        graph = st.graphs.get(temperature == 0)
+        graph = st.graphs.get((temperature == 0, batch))
         if graph is None:  # CPU (--smoke): nothing captured
             continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -171,7 +174,7 @@ def case_profile(model, args, cuda: bool) -> dict:
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):
-            sampler._decode_fn(model, st, False)
+            sampler._decode_fn(model, st, False, batch)
         if cuda:
             torch.cuda.synchronize()
     sort = "cuda_time_total" if cuda else "cpu_time_total"

@@ -38,6 +38,13 @@ Loop (:meth:`ContinuousSampler.run`):
    hand-back stays synchronous, so each row's stamps are the versions of its first and last tokens; so
    does static batching's (the reference: each batch to its longest row, no interval more).
 
+4. The tail: once no row waits (and not static), the step decodes only the smallest of :func:`buckets`
+   (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
+   move below it first (their K/V in every layer and their per-slot buffers, copied on the device). A call's
+   last rows then no longer pay for B slots a step: issue 23's schedule of 2,048 rows in 256 slots spends
+   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more compiled shape and
+   graph, made the first time a tail reaches it.
+
 Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
 weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
 logprobs within 1e-5 in fp32). Each row is handed back with the ``stamp()`` (the engine's policy version)
@@ -48,11 +55,11 @@ ended are handed back, so these are the versions of its first and of its last to
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 
 from rollout.engines.hf_fast import (
     ATTENTION,
@@ -65,92 +72,19 @@ from rollout.engines.hf_fast import (
     step_graph,
     supports_static,
 )
+from rollout.engines.hf_slots import SlotLayer, SlotState, Snapshot, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
+MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (ContinuousSampler._shrink)
 
 
-class _SlotLayer(CacheLayerMixin):
-    """One layer's K/V, (B, Hkv, L, D): decode writes each slot at its own position ``owner.pos``;
-    a prefill writes rows ``owner.prefill_slots`` at positions 0..Q-1 and attends to its own K/V only."""
-
-    is_compileable = True
-    is_sliding = False
-
-    def __init__(self, owner: "_State"):
-        super().__init__()
-        self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, length = self.owner.valid.shape
-        shape = (b, key_states.shape[1], length)
-        self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
-        if self.owner.head_index is None:
-            self.owner.head_index = torch.arange(key_states.shape[1], device=key_states.device)
-        self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
-                                  device=value_states.device)
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        rows = self.owner.prefill_slots
-        if rows is None:  # decode: key_states (B, Hkv, 1, D), each slot at its own position
-            # index_put_ writes B x Hkv x D elements in place; under torch.compile a scatter_ here copied the
-            # whole cache twice a step (issue 23: 3.7 of 10.3 ms a step at 1024 rows on an H200)
-            where = (self.owner.slot_index[:, None], self.owner.head_index[None, :], self.owner.pos[:, None])
-            self.keys.index_put_(where, key_states[:, :, 0])
-            self.values.index_put_(where, value_states[:, :, 0])
-            return self.keys, self.values
-        q = key_states.shape[2]  # prefill: (k, Hkv, Q, D) for the slots `rows`
-        self.keys[rows, :, :q] = key_states
-        self.values[rows, :, :q] = value_states
-        return key_states, value_states
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.valid.shape[1], 0
-
-    def get_seq_length(self) -> int:
-        return 0  # positions are always given
-
-    def get_max_length(self) -> int:
-        return self.owner.valid.shape[1]
-
-
-@dataclass
-class _State:
-    """The static buffers of B slots, L cache positions, S + 1 output columns (the last: a sink for rows
-    that are done); captured graphs point into them."""
-
-    valid: torch.Tensor  # (B, L) bool: position holds the slot's row
-    tok: torch.Tensor  # (B,) long: the tokens the next step feeds
-    pos: torch.Tensor  # (B,) long: their positions (= cache positions)
-    tokens: torch.Tensor  # (B, S + 1) long
-    logps: torch.Tensor  # (B, S + 1) fp32
-    lengths: torch.Tensor  # (B,) long
-    stopped: torch.Tensor  # (B,) bool
-    done: torch.Tensor  # (B,) bool (a free slot is done)
-    budget: torch.Tensor  # (B,) long
-    temperature: torch.Tensor  # () fp32
-    slot_index: torch.Tensor | None = None  # (B,) long: 0..B-1, the decode step's row index into the cache
-    head_index: torch.Tensor | None = None  # (Hkv,) long: 0..Hkv-1, set with the cache's first layer
-    prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
-    cache: Cache | None = None
-    graphs: dict = field(default_factory=dict)  # greedy (bool) -> torch.cuda.CUDAGraph
-    host: list | None = None  # CUDA: two sets of pinned buffers for the snapshots, used in turn
-
-
-@dataclass
-class _Snapshot:
-    """The host's copy of the slots' outputs after interval ``interval`` (see ``ContinuousSampler._snapshot``);
-    ``event`` marks the copy's end on CUDA (None on CPU, where the copy is done)."""
-
-    interval: int
-    done: torch.Tensor
-    lengths: torch.Tensor
-    stopped: torch.Tensor
-    tokens: torch.Tensor
-    logps: torch.Tensor
-    event: "torch.cuda.Event | None" = None
+def buckets(b: int) -> list[int]:
+    """The slot counts a decode step of B slots runs, largest first: B, then quarters while at least MIN_BUCKET
+    (each is one more compiled shape and graph on CUDA, made the first time a call's tail reaches it)."""
+    out = [b]
+    while out[-1] // 4 >= MIN_BUCKET:
+        out.append(out[-1] // 4)
+    return out
 
 
 @dataclass
@@ -186,10 +120,12 @@ class ContinuousSampler:
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
         self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0
-        self._states: dict[int, _State] = {}  # slot count -> its state (see _prepare)
+        self._states: dict[int, SlotState] = {}  # slot count -> its state (see _prepare)
         self.states_made = 0  # states allocated so far (each a new compiled shape and graph capture on CUDA)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
+        if compile_step:  # one compiled step per (state, greedy, bucket): more than dynamo's default of 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
     def reset(self) -> None:
         """Drop the captured graphs; call after the model's modules (not only their values) changed."""
@@ -219,7 +155,7 @@ class ContinuousSampler:
         waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
         admitted = [0] * b  # the interval each slot's current row was admitted in
         st.done.fill_(True)
-        t, k, pending = 1, 0, None  # tokens recorded by the first rows (as the engine's loop counts), interval
+        t, k, pending, n = 1, 0, None, b  # tokens recorded by the first rows (as the loop counts), interval, slots run
         while True:
             k += 1
             free = [s for s, o in enumerate(owner) if o < 0][: len(waiting)]
@@ -233,7 +169,7 @@ class ContinuousSampler:
                 return
             with _grouped(model):
                 while True:
-                    self._step(model, st, greedy)
+                    self._step(model, st, greedy, n)
                     t += 1
                     if t % self.interval == 0:
                         break
@@ -245,8 +181,27 @@ class ContinuousSampler:
                 yield finished
             if between_steps is not None and (waiting or any(o >= 0 for o in owner)):
                 between_steps()
+            if not waiting and not static:  # the tail: decode only as many slots as rows still run
+                n = self._shrink(st, owner, admitted, n)
 
-    def _snapshot(self, st: _State, k: int) -> "_Snapshot":
+    def _shrink(self, st: SlotState, owner: list[int], admitted: list[int], n: int) -> int:
+        """With no row waiting: the smallest bucket (:func:`buckets`) that holds the running rows, which move to
+        free slots below it (:func:`rollout.engines.hf_slots.move_rows`); the step then decodes only those
+        slots (a graph per bucket). The running rows' tokens and logprobs are unchanged: a row depends only on
+        its own prompt, positions and K/V, all moved with it."""
+        live = [s for s, o in enumerate(owner) if o >= 0]
+        target = min(m for m in buckets(len(owner)) if m >= len(live))
+        if target >= n:
+            return n
+        src = [s for s in live if s >= target]
+        dst = [s for s in range(target) if owner[s] < 0][: len(src)]
+        if src:
+            move_rows(st, src, dst)
+            for s, d in zip(src, dst):
+                owner[d], admitted[d], owner[s] = owner[s], admitted[s], -1
+        return target
+
+    def _snapshot(self, st: SlotState, k: int) -> "Snapshot":
         """Interval ``k``'s done/lengths/stopped/tokens/logps as the host will read them.
 
         On CUDA: copied behind the queued steps into the state's two pinned buffer sets, used in turn (a
@@ -255,7 +210,7 @@ class ContinuousSampler:
         refilled, and ``_hand_back`` never reads a slot refilled after its snapshot."""
         names = ("done", "lengths", "stopped", "tokens", "logps")
         if st.tok.device.type != "cuda":
-            return _Snapshot(k, st.done.clone(), *(getattr(st, n) for n in names[1:]))
+            return Snapshot(k, st.done.clone(), *(getattr(st, n) for n in names[1:]))
         if st.host is None:
             st.host = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
         host = st.host[k % 2]
@@ -263,9 +218,9 @@ class ContinuousSampler:
             dst.copy_(getattr(st, n), non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return _Snapshot(k, *host, event)
+        return Snapshot(k, *host, event)
 
-    def _hand_back(self, snap: "_Snapshot", owner: list[int], started: list[int], admitted: list[int],
+    def _hand_back(self, snap: "Snapshot", owner: list[int], started: list[int], admitted: list[int],
                    version: int) -> list[Finished]:
         """The rows that ``snap`` shows done (admitted no later than its interval), their slots freed."""
         if snap.event is not None:
@@ -286,7 +241,7 @@ class ContinuousSampler:
 
     # -- buffers, admission, one step ---------------------------------------------------------
 
-    def _prepare(self, model, b: int, length: int, s: int) -> _State:
+    def _prepare(self, model, b: int, length: int, s: int) -> SlotState:
         """The state for B slots of at least ``length`` positions and S output columns.
 
         One state per slot count (at most :data:`STATES`, the least recently used dropped first: e.g. the
@@ -306,18 +261,18 @@ class ContinuousSampler:
             self._states.pop(next(iter(self._states)))
         dev = model.device
         long = dict(dtype=torch.long, device=dev)
-        st = _State(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
+        st = SlotState(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
                     pos=torch.zeros(b, **long), tokens=torch.zeros((b, s + 1), **long),
                     logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
                     stopped=torch.zeros(b, dtype=torch.bool, device=dev),
                     done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
                     temperature=torch.ones((), dtype=torch.float32, device=dev), slot_index=torch.arange(b, **long))
-        st.cache = Cache(layers=[_SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
+        st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
         self._states[b] = st
         self.states_made += 1
         return st
 
-    def _admit(self, model, st: _State, slots: list[int], rows: list[list[int]], budget: list[int],
+    def _admit(self, model, st: SlotState, slots: list[int], rows: list[list[int]], budget: list[int],
                greedy: bool) -> None:
         """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token."""
         dev = st.tok.device
@@ -355,28 +310,29 @@ class ContinuousSampler:
         st.tok[index] = tok
         st.pos[index] = lens
 
-    def _decode(self, model, st: _State, greedy: bool) -> None:
-        """One decode step on the static buffers (what the graph records)."""
-        rows = st.slot_index  # every write below is an index_put_: in place under torch.compile (_SlotLayer.update)
-        st.valid.index_put_((rows, st.pos), torch.ones((), dtype=torch.bool, device=rows.device))
-        out = model.get_decoder()(input_ids=st.tok[:, None], attention_mask=st.valid[:, None, None, :],
-                                  position_ids=st.pos[:, None], past_key_values=st.cache, use_cache=True)
+    def _decode(self, model, st: SlotState, greedy: bool, n: int) -> None:
+        """One decode step of the first ``n`` slots on the static buffers (what the graph records)."""
+        rows, pos, done, lengths = st.slot_index[:n], st.pos[:n], st.done[:n], st.lengths[:n]
+        # the writes into the cache and the outputs are index_put_: in place under torch.compile (SlotLayer.update)
+        st.valid.index_put_((rows, pos), torch.ones((), dtype=torch.bool, device=rows.device))
+        out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],
+                                  position_ids=pos[:, None], past_key_values=st.cache, use_cache=True)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
         tok, lp = pick(logits, None if greedy else st.temperature, self.generator)
-        active = ~st.done
+        active = ~done
         tok = torch.where(active, tok, self.pad_id)
-        st.tokens.index_put_((rows, st.lengths), tok)  # a done row writes its column after the end
-        st.logps.index_put_((rows, st.lengths), torch.where(active, lp, 0.0))
-        st.lengths.add_(active.long())
+        st.tokens.index_put_((rows, lengths), tok)  # a done row writes its column after the end
+        st.logps.index_put_((rows, lengths), torch.where(active, lp, 0.0))
+        lengths.add_(active.long())
         hit = active & (tok[:, None] == self.stop_ids).any(-1)
-        st.stopped.logical_or_(hit)
-        st.done.logical_or_(hit | (st.lengths >= st.budget))
-        st.tok.copy_(tok)
-        st.pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
+        st.stopped[:n].logical_or_(hit)
+        done.logical_or_(hit | (lengths >= st.budget[:n]))
+        st.tok[:n].copy_(tok)
+        pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
 
-    def _step(self, model, st: _State, greedy: bool) -> None:
-        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy), self.generator,
-                      self.cuda_graphs, st.tok.device):
+    def _step(self, model, st: SlotState, greedy: bool, n: int) -> None:
+        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy, n), self.generator,
+                      self.cuda_graphs, st.tok.device, key=(greedy, n)):
             self.captures += 1
 
 

@@ -270,11 +270,13 @@ class StaticSampler:
 
 
 def step_graph(graphs: dict, greedy: bool, decode: Callable[[], None], generator: torch.Generator,
-               cuda_graphs: bool, device: torch.device) -> bool:
-    """Run one decode step: replay ``graphs[greedy]``; without one, run ``decode()`` eagerly, then (with
-    ``cuda_graphs``) capture it into ``graphs[greedy]`` (warm-up on a side stream, then recorded, not run).
-    Returns True when a graph was captured. ``decode`` must work on static buffers only."""
-    graph = graphs.get(greedy)
+               cuda_graphs: bool, device: torch.device, key=None) -> bool:
+    """Run one decode step: replay ``graphs[key]`` (``key`` defaults to ``greedy``); without one, run
+    ``decode()`` eagerly, then (with ``cuda_graphs``) capture it into ``graphs[key]`` (warm-up on a side
+    stream, then recorded, not run). Returns True when a graph was captured. ``decode`` must work on static
+    buffers only."""
+    key = greedy if key is None else key
+    graph = graphs.get(key)
     if graph is not None:
         graph.replay()
         return False
@@ -291,7 +293,7 @@ def step_graph(graphs: dict, greedy: bool, decode: Callable[[], None], generator
         graph.register_generator_state(generator)
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # recorded, not run
         decode()
-    graphs[greedy] = graph
+    graphs[key] = graph
     return True
 
 

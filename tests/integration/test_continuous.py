@@ -183,3 +183,32 @@ def test_compiled_step_writes_the_kv_cache_in_place(w):
     eager, _ = rows(False)
     assert {r: t for r, (t, _) in compiled.items()} == {r: t for r, (t, _) in eager.items()}
     assert max(abs(a - b) for r in eager for a, b in zip(compiled[r][1], eager[r][1])) <= 1e-5
+
+
+def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
+    """32 slots, 40 rows of budgets 2..40 (no stop token), greedy: once no row waits, the step decodes only the
+    smallest bucket (32, 8) that holds the running rows, which move below it. Every row equals static
+    batching's (which never shrinks): same tokens, logprobs within 1e-5; and the step ran at 8 slots."""
+    from rollout.engines.hf_continuous import ContinuousSampler, buckets
+
+    assert buckets(32) == [32, 8] and buckets(12) == [12] and buckets(256) == [256, 64, 16]
+    e = engine(w["sharp"])
+    ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
+    budget = [2 + (7 * i) % 39 for i in range(40)]
+    sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                                cuda_graphs=False, interval=4)
+    ran, step = [], sampler._step
+
+    def counted(model, st, greedy, n):
+        ran.append(n)
+        step(model, st, greedy, n)
+
+    sampler._step = counted
+    got = {f.row: f for done in sampler.run(ids, budget, 0.0, slots=32) for f in done}
+    continuous, ran[:] = list(ran), []
+    static = {f.row: f for done in sampler.run(ids, budget, 0.0, slots=32, static=True) for f in done}
+    assert sorted(got) == sorted(static) == list(range(40))
+    assert all(got[r].tokens == static[r].tokens and len(got[r].tokens) == budget[r] for r in got)
+    assert max(abs(a - b) for r in got for a, b in zip(got[r].logprobs, static[r].logprobs)) <= 1e-5
+    assert set(ran) == {32}  # static batching never shrinks
+    assert {32, 8} == set(continuous) and continuous == sorted(continuous, reverse=True), continuous
