@@ -1,5 +1,6 @@
 """The slot state of :class:`rollout.engines.hf_continuous.ContinuousSampler`: its static buffers, its KV cache
-(one :class:`SlotLayer` per decoder layer, each slot written at its own position) and the host's snapshots."""
+(one :class:`SlotLayer` per decoder layer, each slot written at its own position), the host's snapshots, and
+:func:`move_rows`, which moves running rows into lower slots (the tail's smaller step)."""
 
 from __future__ import annotations
 
