@@ -159,11 +159,11 @@ def case_decode(args, out: Path) -> dict:
     return res
 
 
-def _launcher_args(args, engine: str) -> SimpleNamespace:
+def _launcher_args(args, engine: str, finetune: str = "full") -> SimpleNamespace:
     return SimpleNamespace(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                            versions=args.versions, weights_transport=args.weights_transport, pack_tokens=8192,
                            chunk=None, head_chunk=4096, async_compile=False, async_timeout_s=args.case_timeout_s,
-                           gpus=1, warmup_versions=2, engine=engine, work=args.work)
+                           gpus=1, warmup_versions=2, engine=engine, finetune=finetune, work=args.work)
 
 
 def case_launchers(args, out: Path) -> dict:
@@ -176,8 +176,7 @@ def case_launchers(args, out: Path) -> dict:
         name = engine if finetune == "full" else f"{engine}_{finetune}"  # full: the keys summary() reads
         work = Path(args.work) / f"launchers_{name}"
         try:
-            r = run_launchers(SimpleNamespace(**vars(_launcher_args(args, engine)), finetune=finetune), model_dir,
-                              work, args.max_staleness)
+            r = run_launchers(_launcher_args(args, engine, finetune), model_dir, work, args.max_staleness)
         except Exception as exc:
             msg = f"{type(exc).__name__}: {exc}"  # its head says how the learner exited, its tail the logs' ends
             res[name] = {"error": msg if len(msg) < 2000 else f"{msg[:300]} [...] {msg[-1500:]}"}

@@ -266,7 +266,7 @@ class ContinuousSampler:
                     logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
                     stopped=torch.zeros(b, dtype=torch.bool, device=dev),
                     done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
-                    temperature=torch.ones((), dtype=torch.float32, device=dev), slot_index=torch.arange(b, **long))
+                    temperature=torch.ones((), dtype=torch.float32, device=dev))
         st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
         self._states[b] = st
         self.states_made += 1
@@ -312,7 +312,7 @@ class ContinuousSampler:
 
     def _decode(self, model, st: SlotState, greedy: bool, n: int) -> None:
         """One decode step of the first ``n`` slots on the static buffers (what the graph records)."""
-        rows, pos, done, lengths = st.slot_index[:n], st.pos[:n], st.done[:n], st.lengths[:n]
+        rows, pos, done, lengths = torch.arange(n, device=st.pos.device), st.pos[:n], st.done[:n], st.lengths[:n]
         # the writes into the cache and the outputs are index_put_: in place under torch.compile (SlotLayer.update)
         st.valid.index_put_((rows, pos), torch.ones((), dtype=torch.bool, device=rows.device))
         out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],

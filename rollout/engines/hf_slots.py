@@ -25,8 +25,6 @@ class SlotLayer(CacheLayerMixin):
         b, length = self.owner.valid.shape
         shape = (b, key_states.shape[1], length)
         self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
-        if self.owner.head_index is None:
-            self.owner.head_index = torch.arange(key_states.shape[1], device=key_states.device)
         self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
                                   device=value_states.device)
         self.is_initialized = True
@@ -38,8 +36,9 @@ class SlotLayer(CacheLayerMixin):
         if rows is None:  # decode: key_states (n, Hkv, 1, D) for the first n slots, each at its own position
             # index_put_ writes n x Hkv x D elements in place; under torch.compile a scatter_ here copied the
             # whole cache twice a step (issue 23: 3.7 of 10.3 ms a step at 1024 rows on an H200)
-            o, n = self.owner, key_states.shape[0]
-            where = (o.slot_index[:n, None], o.head_index[None, :], o.pos[:n, None])
+            n, heads, dev = key_states.shape[0], key_states.shape[1], key_states.device
+            where = (torch.arange(n, device=dev)[:, None], torch.arange(heads, device=dev)[None, :],
+                     self.owner.pos[:n, None])
             self.keys.index_put_(where, key_states[:, :, 0])
             self.values.index_put_(where, value_states[:, :, 0])
             return self.keys[:n], self.values[:n]
@@ -73,8 +72,6 @@ class SlotState:
     done: torch.Tensor  # (B,) bool (a free slot is done)
     budget: torch.Tensor  # (B,) long
     temperature: torch.Tensor  # () fp32
-    slot_index: torch.Tensor | None = None  # (B,) long: 0..B-1, the decode step's row index into the cache
-    head_index: torch.Tensor | None = None  # (Hkv,) long: 0..Hkv-1, set with the cache's first layer
     prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
     cache: Cache | None = None
     graphs: dict = field(default_factory=dict)  # (greedy, slots decoded) -> torch.cuda.CUDAGraph
