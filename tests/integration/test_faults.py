@@ -121,7 +121,11 @@ def versions_never_go_backwards(table) -> None:
 
 def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     run_dir, log = tmp_path / "kill_actor", tmp_path / "driver.out"
-    proc = start(["train", *TINY, "--max_steps", "5", "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
+    # Credits bound what the actor can have made when it is killed: (learner_version + max_staleness + 1) *
+    # batch_size groups, 12 at version 1. 10 versions need 40, so the restarted actor has groups left to make
+    # even when the learner gets several versions further before the kill lands (at 5 versions it once had
+    # none: the learner was at version 3 and the killed actor had made all 20).
+    proc = start(["train", *TINY, "--max_steps", "10", "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
     try:
         wait_until(lambda: learner_version(run_dir) >= 1, 300, "learner version 1", proc, log)
         victim = role(run_dir, "actor0")["pid"]
@@ -130,8 +134,8 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     finally:
         stop_group(proc)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["versions"] == 5
-    assert sorted(scalars(run_dir, "learner0", "learner/policy_version")) == [1, 2, 3, 4, 5]
+    assert summary["versions"] == 10
+    assert sorted(scalars(run_dir, "learner0", "learner/policy_version")) == list(range(1, 11))
     assert role(run_dir, "actor0")["pid"] != victim
     actor_log = (run_dir / "logs" / "actor0.log").read_text()
     assert "restarted" in actor_log and "resuming after the" in actor_log
