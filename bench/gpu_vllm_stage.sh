@@ -9,8 +9,9 @@
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
 # or, to outlast one call's 10 minutes: `start [DIR [CASES]]` runs install and the benches in the background
 # (setsid), logging to /tmp/g22: bench/gpu_vllm.py --cases CASES (default equal,decode), then its launchers
-# (engines ENGINES, default vllm,hf) and trl cases, then bench/variable_length.py RUNS times (default 1):
-# `start DIR CASES ENGINES RUNS`; each later call (back to back, within 30 s) is
+# (engines ENGINES, default vllm,hf) and trl cases, then bench/variable_length.py RUNS times (default 1), then
+# bench/real_workload.py's cases RW ("case[:versions] ...", default none): `start DIR CASES ENGINES RUNS RW`
+# (CASES or ENGINES "-": that step skipped); each later call (back to back, within 30 s) is
 # `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 into $OUT/g22.tgz and prints the logs'
 # last lines. DIR: the last piece, staged by the same call. Measured 2026-12-02: staging 108 s of held
 # machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
@@ -77,12 +78,18 @@ session() {  # the background job of `start` (see the header); each step's exit 
   step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
            ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
   step install install
-  step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
-  step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl \
+  [ "${1:-}" = - ] || step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
+  [ "${2:-}" = - ] || step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl \
     --engines "${2:-vllm,hf}"
   for k in $(seq "${3:-1}"); do
     step "variable_length_$k" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" \
-      --cases continuous,decode,profile
+      --cases continuous,decode,profile,agree
+  done
+  local spec case versions
+  for spec in ${4:-}; do  # bench.real_workload cases, "case[:versions]" each (Ray from the packed wheels)
+    case=${spec%%:*}; versions=${spec#*:}; [ "$versions" = "$spec" ] && versions=60
+    step "real_workload_$case" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" \
+      --model "$pack/SmolLM2-135M-Instruct.Q4_1.gguf" --work /tmp/real_workload --cases "$case" --versions "$versions"
   done
   touch "$g/DONE"
 }
@@ -90,11 +97,12 @@ session() {  # the background job of `start` (see the header); each step's exit 
 case "$mode" in
   start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
     if [ -n "${2:-}" ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
-    setsid nohup bash "$0" session "${3:-equal,decode}" "${4:-vllm,hf}" "${5:-1}" > /tmp/g22/session.log 2>&1 < /dev/null &
+    setsid nohup bash "$0" session "${3:-equal,decode}" "${4:-vllm,hf}" "${5:-1}" "${6:-}" > /tmp/g22/session.log 2>&1 < /dev/null &
     sleep 2; cat /tmp/g22/steps ;;
-  session) cd "$ROOT" && session "${2:-}" "${3:-}" "${4:-}" ;;
+  session) cd "$ROOT" && session "${2:-}" "${3:-}" "${4:-}" "${5:-}" ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
-    tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) || true
+    tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
+      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack ;;

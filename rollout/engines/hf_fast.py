@@ -9,11 +9,11 @@ step can be recorded once (``torch.cuda.CUDAGraph``) and replayed:
    of ``L = P + S`` slots per row; a (B, L) bool ``valid`` marks the slots holding real tokens.
 2. Decode step (the graph): mark the next slot valid, run the decoder on the last tokens (B, 1) with
    the 4-D mask ``valid[:, None, None, :]`` and the rows' positions, take fp32 logits at the head,
-   ``logp = log_softmax(logits / T)`` in fp32, pick the token (argmax for T = 0; otherwise
-   ``argmax(logp - log E)`` with ``E ~ Exp(1)``, an exact draw from ``exp(logp)``, the trick vLLM's
-   sampler uses), gather its logprob, and write token, logprob, length, stop flag and done flag into
-   the static output buffers at the step index. Finished rows keep decoding padding but are masked out
-   of every output, as in the engine's loop.
+   pick the token (argmax for T = 0; otherwise ``argmax(logits / T - log E)`` with ``E ~ Exp(1)``, an
+   exact draw from ``softmax(logits / T)``, the trick vLLM's sampler uses), take its logprob
+   ``logits[tok] / T - logsumexp(logits / T)`` in fp32 (:func:`pick`), and write token, logprob, length,
+   stop flag and done flag into the static output buffers at the step index. Finished rows keep decoding
+   padding but are masked out of every output, as in the engine's loop.
 3. The host replays the graph once per token and looks at ``done`` only every ``interval`` steps (one
    device sync per interval, where the engine's in-flight hook runs too), stopping when every row is
    done; outputs are cut to the longest row.
@@ -61,11 +61,15 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
         as transformers' eager attention does.
+        A :class:`torch.nn.attention.flex_attention.BlockMask` instead of the bool mask runs
+        ``flex_attention`` (:func:`flex_grouped`), which reads only the K/V blocks the mask lists.
     Raises:
-        ValueError: a non-zero dropout or a mask that is not 4-D bool.
+        ValueError: a non-zero dropout or a mask that is neither 4-D bool nor a BlockMask.
     """
     if dropout:
         raise ValueError(f"{ATTENTION} attention is for inference only (dropout {dropout})")
+    if type(attention_mask).__name__ == "BlockMask":
+        return flex_grouped(query, key, value, attention_mask, scaling), None
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
     b, h, q, d = query.shape
@@ -79,6 +83,18 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype).view(b, hkv, g * q, kv_len)
     out = torch.matmul(probs, value).view(b, h, q, d)  # (B, H, Q, D)
     return out.transpose(1, 2).contiguous(), None
+
+
+def flex_grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask,
+                 scaling: float | None = None) -> torch.Tensor:
+    """:func:`grouped_attention` by ``torch.nn.attention.flex_attention`` (``enable_gqa``: the G query heads of a
+    group read their K/V head once): only the K/V blocks ``block_mask`` lists are read, and its ``mask_mod``
+    masks inside them; under torch.compile one fused kernel (on CUDA, flex decoding for short queries) with an
+    fp32 online softmax. Shapes as :func:`grouped_attention`'s; returns (B, Q, H, D)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    out = flex_attention(query, key, value, block_mask=block_mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
 
 
 def supports_static(config) -> bool:
@@ -316,18 +332,19 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torc
     """One token per row and its logprob: logits (B, V) fp32 -> (tokens (B,) long, logprobs (B,) fp32).
 
     ``temperature`` None is greedy (argmax; logprob under ``softmax(logits)``); otherwise a 0-dim or (1,)
-    fp32 tensor T > 0: the token is ``argmax(logp - log E)`` with ``logp = log_softmax(logits / T)``
-    and ``E ~ Exp(1)`` i.i.d. per entry (from ``generator``), which is an exact draw from ``exp(logp)``
-    (the exponential race), with no host sync, so it can run inside a CUDA graph.
+    fp32 tensor T > 0: the token is ``argmax(logits / T - log E)`` with ``E ~ Exp(1)`` i.i.d. per entry
+    (from ``generator``), an exact draw from ``softmax(logits / T)`` (the exponential race: the row's
+    log-normalizer shifts every entry alike, so it is left out of the argmax), with no host sync, so it can run
+    inside a CUDA graph. The logprob is ``logits[tok] / T - logsumexp(logits / T)``: no (B, V) log-softmax is
+    written (under torch.compile the normalizer is one reduction over the logits).
     """
+    scaled = logits if temperature is None else logits / temperature
     if temperature is None:
-        logp = torch.log_softmax(logits, dim=-1)
-        tok = logp.argmax(-1)
+        tok = scaled.argmax(-1)
     else:
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        noise = torch.empty_like(logp).exponential_(generator=generator)
-        tok = (logp - noise.log_()).argmax(-1)  # argmax(p / E): a draw from p
-    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+        noise = torch.empty_like(scaled).exponential_(generator=generator)
+        tok = (scaled - noise.log_()).argmax(-1)  # argmax(p / E): a draw from p
+    return tok, scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def has_mm_out_dtype(device: torch.device) -> bool:
