@@ -9,8 +9,8 @@
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
 # or, to outlast one call's 10 minutes: `start [DIR [CASES]]` runs install and the benches in the background
 # (setsid), logging to /tmp/g22: bench/gpu_vllm.py --cases CASES (default equal,decode), then its launchers
-# (engines ENGINES, default vllm,hf) and trl cases, then bench/variable_length.py RUNS times (default 1), then
-# bench/real_workload.py's cases RW ("case[:versions] ...", default none): `start DIR CASES ENGINES RUNS RW`
+# (engines ENGINES, default vllm,hf) and trl cases, then bench/real_workload.py's cases RW ("case[:versions] ...",
+# default none), then bench/variable_length.py RUNS times (default 1): `start DIR CASES ENGINES RUNS RW`
 # (CASES or ENGINES "-": that step skipped); each later call (back to back, within 30 s) is
 # `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 into $OUT/g22.tgz and prints the logs'
 # last lines. DIR: the last piece, staged by the same call. Measured 2026-12-02: staging 108 s of held
@@ -81,15 +81,15 @@ session() {  # the background job of `start` (see the header); each step's exit 
   [ "${1:-}" = - ] || step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
   [ "${2:-}" = - ] || step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl \
     --engines "${2:-vllm,hf}"
-  for k in $(seq "${3:-1}"); do
-    step "variable_length_$k" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" \
-      --cases continuous,decode,profile,agree
-  done
   local spec case versions
   for spec in ${4:-}; do  # bench.real_workload cases, "case[:versions]" each (Ray from the packed wheels)
     case=${spec%%:*}; versions=${spec#*:}; [ "$versions" = "$spec" ] && versions=60
     step "real_workload_$case" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" \
       --model "$pack/SmolLM2-135M-Instruct.Q4_1.gguf" --work /tmp/real_workload --cases "$case" --versions "$versions"
+  done
+  for k in $(seq "${3:-1}"); do
+    step "variable_length_$k" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" \
+      --cases continuous,decode,profile,agree
   done
   touch "$g/DONE"
 }
