@@ -14,17 +14,11 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
 - ``decode``: fixed length (256 new tokens) at each batch of ``--batches``, tok/s = batch x 256 / wall
   seconds (after a warm-up call of the same shapes), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context).
-- ``profile``: where a decode step's time goes (:func:`case_profile`); ``agree``: flex attention's greedy rows
-  against grouped attention's (:func:`case_agree`).
 
-Each case runs once per ``--attention`` (the decode step's attention, ``ContinuousSampler(attention=...)``:
-``grouped`` reads every cache position, ``flex`` only each row's own K/V blocks), side by side in one run.
-
-    python -m bench.variable_length --out DIR [--cases continuous,decode] [--attention grouped,flex]   (CUDA)
+    python -m bench.variable_length --out DIR [--cases continuous,decode]   (CUDA)
     python -m bench.variable_length --smoke --out DIR                     (a tiny model on CPU: the logic)
 
-Prints each case's numbers as it ends, then one JSON object (the summary, per attention) on the last line;
-everything in ``DIR/variable_length.json``.
+Prints a table, then one JSON object on the last line (also ``DIR/variable_length.json``).
 """
 
 from __future__ import annotations
@@ -70,7 +64,7 @@ def roofline_tok_s(weight_bytes: int, cfg, batch: int, prompt: int, new: int) ->
     return batch / step_s, formula
 
 
-def make_sampler(model, cuda: bool, attention: str):
+def make_sampler(model, cuda: bool):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget)."""
     import torch
 
@@ -79,7 +73,7 @@ def make_sampler(model, cuda: bool, attention: str):
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
                              generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
-                             compile_step=cuda, attention=attention)
+                             compile_step=cuda)
 
 
 def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
@@ -101,10 +95,10 @@ def random_rows(n: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(1, vocab - 1, (n, PROMPT), generator=g).tolist()
 
 
-def case_continuous(model, args, cuda: bool, attention: str) -> dict:
+def case_continuous(model, args, cuda: bool) -> dict:
     lengths = draw_lengths(args.rows, args.median, args.sigma, args.cap, seed=args.seed)
     rows = random_rows(args.rows, model.config.vocab_size, seed=1)
-    sampler = make_sampler(model, cuda, attention)
+    sampler = make_sampler(model, cuda)
     # warm-up on the same shapes (slots x positions x columns): one row of the longest budget, the others ending
     # 16 tokens apart in halves (the last half at 8, a quarter at 24, ...), so the tail's step runs every bucket
     # (rollout.engines.hf_continuous.buckets) before the timed runs
@@ -128,7 +122,7 @@ def case_continuous(model, args, cuda: bool, attention: str) -> dict:
                 continuous_vs_ideal=round(measured / ideal, 3), graph_captures_after_warmup=sampler.captures - captures)
 
 
-def case_decode(model, args, cuda: bool, attention: str) -> dict:
+def case_decode(model, args, cuda: bool) -> dict:
     import torch
 
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head counted once
@@ -136,7 +130,7 @@ def case_decode(model, args, cuda: bool, attention: str) -> dict:
     res = {}
     for batch in args.batches:
         rows = random_rows(batch, model.config.vocab_size, seed=2)
-        sampler = make_sampler(model, cuda, attention)
+        sampler = make_sampler(model, cuda)
         timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
         times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(args.repeats)]
         tok_s = batch * new / sorted(times)[len(times) // 2]
@@ -150,17 +144,17 @@ def case_decode(model, args, cuda: bool, attention: str) -> dict:
     return res
 
 
-def case_profile(model, args, cuda: bool, attention: str) -> dict:
+def case_profile(model, args, cuda: bool) -> dict:
     """Where a decode step's time goes at the largest batch: the captured step replayed alone (greedy and
     sampled; ms a step, no prefill, no host), and the kernels of the same step run without its graph (the
-    profiler's table, top 25 by device time, saved to ``DIR/profile_b<batch>_<attention>.txt``)."""
+    profiler's table, top 25 by device time, saved to ``DIR/profile_b<batch>.txt``)."""
     import torch
 
     from rollout.engines.hf_continuous import _grouped
 
     batch, new = max(args.batches), args.new_tokens
     rows = random_rows(batch, model.config.vocab_size, seed=2)
-    sampler = make_sampler(model, cuda, attention)
+    sampler = make_sampler(model, cuda)
     res = {}
     for temperature, name in ((0.0, "greedy"), (1.0, "sampled")):
         for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
@@ -180,58 +174,30 @@ def case_profile(model, args, cuda: bool, attention: str) -> dict:
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):
-            sampler._decode_fn(model, st, False, batch, st.block_mask(batch) if sampler.flex else None)
+            sampler._decode_fn(model, st, False, batch)
         if cuda:
             torch.cuda.synchronize()
     sort = "cuda_time_total" if cuda else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=90)
-    (args.out / f"profile_b{batch}_{attention}.txt").write_text(table)
+    (args.out / f"profile_b{batch}.txt").write_text(table)
     print(table, flush=True)
-    res["batch"], res["table"] = batch, f"profile_b{batch}_{attention}.txt"
+    res["batch"], res["table"] = batch, f"profile_b{batch}.txt"
     return res
 
 
-def case_agree(model, args, cuda: bool, attention: str) -> dict:
-    """The attentions against each other (run once, for the first of ``--attention``): 64 rows, 128 greedy
-    tokens, prompts of ``PROMPT`` tokens, with ``attention`` and with ``grouped``. bf16 rounding differs
-    between the kernels, so greedy rows of a random model may part after some tokens: reported are the
-    share of rows equal to the end, the mean first differing token, and the largest logprob gap before it."""
-    rows = random_rows(64, model.config.vocab_size, seed=3)
-
-    def greedy(att: str) -> dict:
-        return {f.row: f for done in make_sampler(model, cuda, att).run(rows, [128] * 64, 0.0) for f in done}
-
-    a, b = greedy(attention), greedy("grouped")
-    first = [next((i for i, (x, y) in enumerate(zip(a[r].tokens, b[r].tokens)) if x != y), 128) for r in range(64)]
-    gap = max(abs(x - y) for r in range(64) for x, y in zip(a[r].logprobs[: first[r]], b[r].logprobs[: first[r]]))
-    return dict(against="grouped", rows_equal=sum(f == 128 for f in first) / 64,
-                first_difference_mean=sum(first) / 64, logprob_gap_max=round(gap, 5))
-
-
 def summary(res: dict) -> dict:
-    """Per attention (the keys of ``--attention``): the continuous ratios and the decode roofline fractions."""
-    out: dict = {}
-    for att in res["attention"]:
-        cont, dec = res.get("continuous", {}).get(att, {}), res.get("decode", {}).get(att, {})
-        top = max((int(k[1:]) for k in dec), default=None)
-        ratios = ("continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal")
-        out[att] = {k: cont.get(k) for k in ratios} | {
-            "decode_tok_s": {k: v.get("tok_s") for k, v in dec.items()},
-            "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
-            **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction")} if top else {})}
-    return out
-
-
-CASES = {"continuous": case_continuous, "decode": case_decode, "profile": case_profile, "agree": case_agree}
+    cont, dec = res.get("continuous", {}), res.get("decode", {})
+    top = max((int(k[1:]) for k in dec), default=None)
+    return {k: cont.get(k) for k in ("continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal")} | {
+        "decode_tok_s": {k: v.get("tok_s") for k, v in dec.items()},
+        "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
+        **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction")} if top else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory of variable_length.json")
-    p.add_argument("--cases", default="continuous,decode",
-                   help="continuous, decode, profile, agree (comma-separated)")
-    p.add_argument("--attention", default="grouped,flex",
-                   help="the decode step's attentions, each run side by side: grouped, flex (comma-separated)")
+    p.add_argument("--cases", default="continuous,decode", help="continuous, decode, profile (comma-separated)")
     p.add_argument("--rows", type=int, default=2048, help="continuous: rows (completions)")
     p.add_argument("--slots", type=int, default=256, help="continuous: rows decoded at once (the static batch)")
     p.add_argument("--median", type=float, default=150.0, help="continuous: median completion length, tokens")
@@ -244,9 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
-    args.attention = args.attention.split(",")
-    if not set(args.attention) <= {"grouped", "flex"}:
-        p.error(f"--attention: unknown {sorted(set(args.attention) - {'grouped', 'flex'})} (grouped, flex)")
     import torch
 
     from bench.gpu_generate import QWEN25_05B, SMOKE, build_model
@@ -260,18 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(SMOKE if args.smoke else QWEN25_05B, "cuda" if cuda else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "attention": args.attention,
-                 "errors": {}}
-    for name in [c for c in CASES if c in args.cases.split(",")]:
-        # agree: flex against grouped, once; the other cases once per attention, side by side in this run
-        for att in (["flex"] if "flex" in args.attention else []) if name == "agree" else args.attention:
+                 "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "errors": {}}
+    for name, fn in (("continuous", case_continuous), ("decode", case_decode), ("profile", case_profile)):
+        if name in args.cases.split(","):
             try:
-                res.setdefault(name, {})[att] = CASES[name](model, args, cuda, att)
-            except Exception as exc:  # reported; the other cases' numbers stand
-                res["errors"][f"{name}_{att}"] = f"{type(exc).__name__}: {exc}"[-1500:]
+                res[name] = fn(model, args, cuda)
+            except Exception as exc:  # reported; the other case's numbers stand
+                res["errors"][name] = f"{type(exc).__name__}: {exc}"[-1500:]
             res["summary"] = summary(res)
             (args.out / "variable_length.json").write_text(json.dumps(res, indent=1))
-            print(f"{name} {att}: {json.dumps(res.get(name, {}).get(att))}", flush=True)
+    for name in ("continuous", "decode", "profile"):
+        print(f"{name}: {json.dumps(res.get(name))}")
     print(json.dumps(res["summary"] | {"errors": res["errors"]}))
     return 1 if res["errors"] else 0
 

@@ -6,10 +6,7 @@ Layout. The cache holds B slots x L positions per layer (L = longest prompt + mo
 rounded up to ``PAD_MULTIPLE``). A prompt placed in slot b fills positions 0..P-1 of that slot (its
 token positions are its cache positions: no padding inside a row) and its t-th new token goes to
 position P + t - 1. A (B, L) bool ``valid`` marks the positions holding the slot's current row; attention
-reads every position and masks the others (:func:`rollout.engines.hf_fast.grouped_attention`), or, with
-``attention="flex"``, the decode step reads only the K/V blocks of 128 positions up to each slot's own
-position (``flex_attention`` over :meth:`rollout.engines.hf_slots.SlotState.block_mask`; L is then a multiple
-of 128): a slot whose row is short no longer pays for the longest one's cache.
+reads every position and masks the others (:func:`rollout.engines.hf_fast.grouped_attention`).
 
 Loop (:meth:`ContinuousSampler.run`):
 
@@ -24,7 +21,8 @@ Loop (:meth:`ContinuousSampler.run`):
    token and logprob recorded at its row's own column (the row's length so far). Free slots decode padding,
    masked out of every output. Every write of the step (K/V at each slot's position, token, logprob) is an
    ``index_put_``, which torch.compile keeps in place (a ``scatter_`` into the cache made inductor copy the
-   whole cache).
+   whole cache). (flex_attention over each slot's own K/V blocks was measured instead: 2.6x slower a step
+   on an H200, BENCHMARKS.md, 2026-12-02.)
    On CUDA the step is captured once in a graph (and optionally compiled), as in
    :mod:`rollout.engines.hf_fast`; admitting rows copies into the same buffers, so the graph stays valid.
 3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): a snapshot
@@ -76,11 +74,10 @@ from rollout.engines.hf_fast import (
     step_graph,
     supports_static,
 )
-from rollout.engines.hf_slots import KV_BLOCK, SlotLayer, SlotState, Snapshot, move_rows
+from rollout.engines.hf_slots import SlotLayer, SlotState, Snapshot, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
 MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (ContinuousSampler._shrink)
-ATTENTIONS = ("grouped", "flex")  # the decode step's attention (ContinuousSampler's ``attention``)
 
 
 def buckets(b: int) -> list[int]:
@@ -108,15 +105,12 @@ class ContinuousSampler:
     """Samples rows in ``slots`` slots, refilled as rows end (see the module docstring).
 
     Args: as :class:`rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
-    cuda_graphs, interval, compile_step), and ``attention``: the decode step's attention, ``"grouped"``
-    (:func:`rollout.engines.hf_fast.grouped_attention`: every cache position read, the others masked) or
-    ``"flex"`` (``flex_attention`` over a block mask of each slot's own positions, :meth:`SlotState.block_mask`:
-    a slot reads only the K/V blocks its row has filled). Raises ValueError for cuda_graphs off CUDA, a model
-    with sliding-window layers or an unknown ``attention``.
+    cuda_graphs, interval, compile_step). Raises ValueError for cuda_graphs off CUDA or a model with
+    sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
-                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False, attention: str = "grouped"):
+                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -124,11 +118,9 @@ class ContinuousSampler:
             raise ValueError(f"cuda_graphs needs a CUDA model, not one on {model.device}")
         if not supports_static(model.config):
             raise ValueError("continuous batching supports full-attention models only (sliding window found)")
-        if attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {attention!r}; expected one of {ATTENTIONS}")
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
-        self.cuda_graphs, self.interval, self.flex = cuda_graphs, interval, attention == "flex"
+        self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0
         self._states: dict[int, SlotState] = {}  # slot count -> its state (see _prepare)
         self.states_made = 0  # states allocated so far (each a new compiled shape and graph capture on CUDA)
@@ -267,8 +259,6 @@ class ContinuousSampler:
         if st is not None:  # too small: free its buffers and graphs before the larger one is made
             length, s = max(length, st.valid.shape[1]), max(s, st.tokens.shape[1] - 1)
             del st
-        if self.flex:  # whole K/V blocks
-            length = _round_up(length, KV_BLOCK)
         while len(self._states) >= STATES:
             self._states.pop(next(iter(self._states)))
         dev = model.device
@@ -322,19 +312,13 @@ class ContinuousSampler:
         st.tok[index] = tok
         st.pos[index] = lens
 
-    def _decode(self, model, st: SlotState, greedy: bool, n: int, block_mask=None) -> None:
-        """One decode step of the first ``n`` slots on the static buffers (what the graph records); with
-        ``block_mask`` (flex attention: ``st.block_mask(n)``, made outside the compiled step) its attention."""
+    def _decode(self, model, st: SlotState, greedy: bool, n: int) -> None:
+        """One decode step of the first ``n`` slots on the static buffers (what the graph records)."""
         rows, pos, done, lengths = torch.arange(n, device=st.pos.device), st.pos[:n], st.done[:n], st.lengths[:n]
         # the writes into the cache and the outputs are index_put_: in place under torch.compile (SlotLayer.update)
         st.valid.index_put_((rows, pos), torch.ones((), dtype=torch.bool, device=rows.device))
-        if block_mask is None:
-            mask = st.valid[:n, None, None, :]
-        else:  # each slot reads its blocks up to its position (SlotState.block_mask)
-            mask = block_mask
-            st.kv_blocks[:n, 0, 0].copy_(pos // KV_BLOCK + 1)
-        out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=mask, position_ids=pos[:, None],
-                                  past_key_values=st.cache, use_cache=True)
+        out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],
+                                  position_ids=pos[:, None], past_key_values=st.cache, use_cache=True)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
         tok, lp = pick(logits, None if greedy else st.temperature, self.generator)
         active = ~done
@@ -349,8 +333,7 @@ class ContinuousSampler:
         pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
 
     def _step(self, model, st: SlotState, greedy: bool, n: int) -> None:
-        mask = st.block_mask(n) if self.flex else None
-        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy, n, mask), self.generator,
+        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy, n), self.generator,
                       self.cuda_graphs, st.tok.device, key=(greedy, n)):
             self.captures += 1
 

@@ -61,15 +61,11 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
         as transformers' eager attention does.
-        A :class:`torch.nn.attention.flex_attention.BlockMask` instead of the bool mask runs
-        ``flex_attention`` (:func:`flex_grouped`), which reads only the K/V blocks the mask lists.
     Raises:
-        ValueError: a non-zero dropout or a mask that is neither 4-D bool nor a BlockMask.
+        ValueError: a non-zero dropout or a mask that is not 4-D bool.
     """
     if dropout:
         raise ValueError(f"{ATTENTION} attention is for inference only (dropout {dropout})")
-    if type(attention_mask).__name__ == "BlockMask":
-        return flex_grouped(query, key, value, attention_mask, scaling), None
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
     b, h, q, d = query.shape
@@ -83,18 +79,6 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype).view(b, hkv, g * q, kv_len)
     out = torch.matmul(probs, value).view(b, h, q, d)  # (B, H, Q, D)
     return out.transpose(1, 2).contiguous(), None
-
-
-def flex_grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask,
-                 scaling: float | None = None) -> torch.Tensor:
-    """:func:`grouped_attention` by ``torch.nn.attention.flex_attention`` (``enable_gqa``: the G query heads of a
-    group read their K/V head once): only the K/V blocks ``block_mask`` lists are read, and its ``mask_mod``
-    masks inside them; under torch.compile one fused kernel (on CUDA, flex decoding for short queries) with an
-    fp32 online softmax. Shapes as :func:`grouped_attention`'s; returns (B, Q, H, D)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    out = flex_attention(query, key, value, block_mask=block_mask, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous()
 
 
 def supports_static(config) -> bool:

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-KV_BLOCK = 128  # flex attention: K/V positions per block (SlotState.block_mask)
-
 
 class SlotLayer(CacheLayerMixin):
     """One layer's K/V, (B, Hkv, L, D): decode writes each slot at its own position ``owner.pos``;
@@ -78,32 +76,6 @@ class SlotState:
     cache: Cache | None = None
     graphs: dict = field(default_factory=dict)  # (greedy, slots decoded) -> torch.cuda.CUDAGraph
     host: list | None = None  # CUDA: two sets of pinned buffers for the snapshots, used in turn
-    kv_blocks: torch.Tensor | None = None  # flex attention: (B, 1, 1) int32, K/V blocks a slot's step reads
-    block_masks: dict = field(default_factory=dict)  # flex attention: slots decoded -> BlockMask over kv_blocks
-
-    def block_mask(self, n: int):
-        """The flex-attention mask of a decode step of the first ``n`` slots (made once per ``n``, then reused:
-        it reads ``kv_blocks`` and ``pos``, which the step updates in place, so a captured graph stays valid).
-        Slot b reads K/V blocks 0 .. pos[b] // KV_BLOCK and, inside them, positions <= pos[b]: its row's prompt
-        and tokens so far (a slot holds one row from position 0, with no padding inside it)."""
-        mask = self.block_masks.get(n)
-        if mask is None:
-            from torch.nn.attention.flex_attention import BlockMask
-
-            b, length = self.valid.shape
-            if self.kv_blocks is None:
-                self.kv_blocks = torch.ones((b, 1, 1), dtype=torch.int32, device=self.valid.device)
-            blocks = torch.arange(-(-length // KV_BLOCK), dtype=torch.int32, device=self.valid.device)
-            pos = self.pos
-
-            def own_positions(b, h, q_idx, kv_idx):
-                return kv_idx <= pos[b]
-
-            mask = BlockMask.from_kv_blocks(self.kv_blocks[:n], blocks.expand(n, 1, 1, -1).contiguous(),
-                                            BLOCK_SIZE=KV_BLOCK, mask_mod=own_positions, seq_lengths=(1, length),
-                                            compute_q_blocks=False)
-            self.block_masks[n] = mask
-        return mask
 
 
 @dataclass

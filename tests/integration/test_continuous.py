@@ -212,38 +212,3 @@ def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
     assert max(abs(a - b) for r in got for a, b in zip(got[r].logprobs, static[r].logprobs)) <= 1e-5
     assert set(ran) == {32}  # static batching never shrinks
     assert {32, 8} == set(continuous) and continuous == sorted(continuous, reverse=True), continuous
-
-
-def test_flex_attention_reads_only_each_rows_blocks_and_equals_grouped():
-    """``attention="flex"``: each slot's step reads only the K/V blocks (128 positions) its row has filled.
-    A random Qwen2 (fp32, CPU), 10 rows of prompts 3..150 tokens and budgets up to 200 in 4 slots, so rows cross
-    block boundaries and refilled slots start again at block 0. Compiled (inductor's flex kernel, which skips
-    the blocks the mask does not list: a step that lists only block 0 changes the tokens) and eager, the rows
-    equal grouped attention's: same greedy tokens, logprobs within 1e-5."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from rollout.engines.hf_continuous import ContinuousSampler
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, intermediate_size=128, vocab_size=500,
-                                         max_position_embeddings=512)).eval()
-    g = torch.Generator().manual_seed(1)
-    ids = [torch.randint(1, 499, (n,), generator=g).tolist() for n in (150, 3, 140, 60, 9, 130, 20, 127, 128, 5)]
-    budget = [200, 190, 40, 120, 70, 10, 150, 2, 160, 100]
-
-    def rows(attention: str, compile_step: bool):
-        sampler = ContinuousSampler(lambda: model, 0, torch.empty(0, dtype=torch.long), torch.Generator(),
-                                    cuda_graphs=False, interval=8, compile_step=compile_step, attention=attention)
-        return {f.row: f for done in sampler.run(ids, budget, 0.0, slots=4) for f in done}
-
-    torch._dynamo.reset()
-    grouped = rows("grouped", False)
-    assert [len(grouped[r].tokens) for r in range(10)] == budget
-    for compile_step in (True, False):
-        flex = rows("flex", compile_step)
-        assert all(flex[r].tokens == grouped[r].tokens for r in range(10)), compile_step
-        assert max(abs(a - b) for r in range(10) for a, b in zip(flex[r].logprobs, grouped[r].logprobs)) <= 1e-5
-    with pytest.raises(ValueError, match="unknown attention 'paged'"):
-        ContinuousSampler(lambda: model, 0, torch.empty(0, dtype=torch.long), torch.Generator(), cuda_graphs=False,
-                          attention="paged")

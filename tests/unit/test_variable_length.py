@@ -22,15 +22,11 @@ def test_lengths_are_seeded_capped_and_long_tailed():
 
 
 def test_smoke_runs_both_modes_to_the_same_tokens(tmp_path):
-    assert main(["--smoke", "--out", str(tmp_path), "--cases", "continuous,decode,agree"]) == 0
+    assert main(["--smoke", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "variable_length.json").read_text())
-    assert res["attention"] == ["grouped", "flex"]
-    for att in ("grouped", "flex"):
-        cont = res["continuous"][att]
-        assert cont["tokens"] > 0 and cont["continuous_ideal_ratio"] >= 1.0
-        assert math.isclose(cont["continuous_vs_ideal"], cont["continuous_vs_static"] / cont["continuous_ideal_ratio"],
-                            rel_tol=0.01)
-        dec = res["decode"][att]["b4"]
-        assert 0 < dec["tok_s"] < dec["roofline_tok_s"]
-        assert res["summary"][att]["decode_roofline_fraction_b4"] == dec["roofline_fraction"]
-    assert res["agree"]["flex"]["rows_equal"] == 1.0  # fp32 on CPU: flex and grouped give the same greedy rows
+    cont = res["continuous"]
+    assert cont["tokens"] > 0 and cont["continuous_ideal_ratio"] >= 1.0
+    assert math.isclose(cont["continuous_vs_ideal"], cont["continuous_vs_static"] / cont["continuous_ideal_ratio"],
+                        rel_tol=0.01)
+    assert 0 < res["decode"]["b4"]["tok_s"] < res["decode"]["b4"]["roofline_tok_s"]
+    assert res["summary"]["decode_roofline_fraction_b4"] == res["decode"]["b4"]["roofline_fraction"]
