@@ -322,10 +322,11 @@ def pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torc
     inside a CUDA graph. The logprob is ``logits[tok] / T - logsumexp(logits / T)``: no (B, V) log-softmax is
     written (under torch.compile the normalizer is one reduction over the logits).
     """
-    scaled = logits if temperature is None else logits / temperature
     if temperature is None:
+        scaled = logits
         tok = scaled.argmax(-1)
     else:
+        scaled = logits / temperature
         noise = torch.empty_like(scaled).exponential_(generator=generator)
         tok = (scaled - noise.log_()).argmax(-1)  # argmax(p / E): a draw from p
     return tok, scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
