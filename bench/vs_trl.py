@@ -1,0 +1,306 @@
+"""distrl against TRL's GRPOTrainer on one GPU, completions/s side by side (issue 23 (d), acceptance 4).
+
+Both sides start from the same weights, sample the same prompts at T = 1 with the same group size, batch,
+completion budget and learning rate (full fine-tuning, bf16, no KL term), one after another on the GPU.
+
+Workloads (``--workload``):
+
+- ``fixed``: the Qwen2.5-0.5B architecture with random bf16 weights (``--tokenizer``), task ``half_vocab``
+  (its reward varies within every group), completions of ``--max_new_tokens``: TRL is held there by
+  ``min_new_tokens``; distrl's rows end at their budget too, since a random model over 151,936 ids almost
+  never samples EOS (each side's measured mean completion length is printed beside its rate).
+- ``variable``: SmolLM2-135M-Instruct (``--model``) on GSM8K (``--dataset``: its train.jsonl), completions of
+  at most ``--max_new_tokens``; each completion ends at its EOS, where the model puts it.
+
+Sides:
+
+- ``distrl``: ``distrl train`` as a user runs it on one GPU (its defaults; ``--engine hf --backend hf
+  --finetune full --max_staleness 1``: one actor and one learner sharing the GPU; ``--distrl_flags`` adds
+  more); the window is ``--versions`` policy versions after ``--warmup``, timed from the learner's
+  TensorBoard (``learner/policy_version`` wall times; tokens from ``learner/completion_tokens``).
+- ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
+  by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
+  step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``paged`` (``use_transformers_paged``:
+  transformers' continuous batching), ``static`` (``cache_implementation="static"``). The window is
+  ``--versions`` optimizer steps after ``--warmup``, timed at each step's end after a CUDA synchronize.
+
+``vs_trl`` = distrl's completions/s over the fastest TRL variant's; ``vs_trl_tokens`` the same in generated
+tokens/s. Each side runs in its own process (killed by pid after ``--hard_s``).
+
+    python -m bench.vs_trl run --workload fixed --tokenizer DIR --out DIR         (CUDA)
+    python -m bench.vs_trl run --workload variable --model SmolLM2.gguf --dataset train.jsonl --out DIR
+    python -m bench.vs_trl report DIR [DIR ...]       -> bench/results/vs_trl.json (vs_trl_fixed, _variable)
+    python -m bench.vs_trl smoke --out DIR            (CPU: the tiny model, 2 versions, under a minute)
+
+``run`` prints a table, then one JSON object on the last line (also ``DIR/<workload>.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.real_workload import phases, scalars  # noqa: E402
+
+TRL_VARIANTS = {"hf": {}, "paged": {"use_transformers_paged": True}, "static": {"cache_implementation": "static"}}
+
+
+def task_flags(args) -> list[str]:
+    """The `distrl train` task flags of the workload (also what :func:`make_task` loads)."""
+    if args.workload == "variable":
+        return ["--task", "gsm8k", "--dataset", str(Path(args.dataset).resolve())]
+    return ["--task", "half_vocab"]
+
+
+def make_task(args):
+    from rollout.tasks import load_task
+
+    if args.workload == "variable":
+        return load_task("gsm8k", str(Path(args.dataset).resolve()), seed=1)
+    return load_task("half_vocab", None, seed=1)
+
+
+def prepare_model(args, work: Path) -> str:
+    """The model directory both sides load: SmolLM2 (variable), a random 0.5B (fixed), the tiny model (smoke)."""
+    from distrl.core.gguf import resolve_model
+
+    if args.model == "tiny":
+        from distrl.core.tiny import build_tiny_model
+
+        return str(build_tiny_model(work / "tiny", seed=0))
+    if args.workload == "variable":
+        return str(resolve_model(args.model))
+    from bench.gpu_pipeline import build_model
+
+    return str(build_model("qwen2.5-0.5b", args.tokenizer, work / "qwen2.5-0.5b-random"))
+
+
+def distrl_side(args, model_dir: str, work: Path, out: Path) -> dict:
+    """`distrl train` to ``--warmup + --versions`` versions; completions/s and tokens/s over the window."""
+    run_dir = work / "distrl"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    ray_tmp = tempfile.mkdtemp(prefix="vt", dir="/tmp")  # short: Ray's socket paths
+    cmd = [sys.executable, "-m", "distrl", "train", "--model", model_dir, *task_flags(args),
+           "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
+           "--group_size", str(args.group_size), "--max_steps", str(args.warmup + args.versions),
+           "--engine", "hf", "--backend", "hf", "--finetune", "full", "--max_staleness", "1",
+           "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
+           "--no_console", "--log_dir", str(work), "--run_name", "distrl", *args.distrl_flags.split()]
+    how = run_process(cmd, out / "distrl.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    timed = phases(run_dir, args.warmup)
+    if not timed.get("versions"):
+        return {"side": "distrl", "how": how, "command": " ".join(cmd[2:])}
+    n, wall = timed["versions"], sum(timed["times"])
+    steps = set(range(args.warmup + 1, args.warmup + n + 1))
+    tokens = sum(v for _, s, v in scalars(run_dir / "tb" / "learner0").get("learner/completion_tokens", [])
+                 if s in steps)
+    return rates("distrl", how, n, wall, tokens, args) | {"command": " ".join(cmd[2:])}
+
+
+def rates(side: str, how: str, steps: int, wall: float, tokens: float, args) -> dict:
+    completions = steps * args.batch_size * args.group_size
+    return {"side": side, "how": how, "steps": steps, "wall_s": round(wall, 3),
+            "completions_per_s": round(completions / wall, 2), "tokens_per_s": round(tokens / wall, 1),
+            "mean_completion_tokens": round(tokens / completions, 1)}
+
+
+def trl_side(args, variant: str, model_dir: str, work: Path, out: Path) -> dict:
+    """One TRL variant in its own process (``trl`` mode of this module); its JSON."""
+    path = out / f"trl_{variant}.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "bench.vs_trl", "trl", variant, "--model_dir", model_dir, "--work", str(work),
+           "--out", str(out), *[f"--{k}={getattr(args, k)}" for k in SHARED if getattr(args, k) is not None]]
+    how = run_process(cmd, out / f"trl_{variant}.log", args.hard_s, {})
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    return {"side": f"trl:{variant}", **result, "how": result.get("how", how)}
+
+
+def trl_case(args, variant: str) -> None:
+    """GRPOTrainer with :data:`TRL_VARIANTS` [variant] over the window; writes ``trl_<variant>.json``."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    task, tok = make_task(args), AutoTokenizer.from_pretrained(args.model_dir)
+    stream = task.problems(1)
+    problems = [next(stream) for _ in range(args.batch_size * (args.warmup + args.versions + 2))]
+    ds = Dataset.from_dict({"prompt": [task.prompt(p, tok) for p in problems], "idx": list(range(len(problems)))})
+    stamps, lengths, cuda = [], [], torch.cuda.is_available()
+
+    class Window(TrainerCallback):
+        def on_step_end(self, *a, **kw):
+            if cuda:
+                torch.cuda.synchronize()
+            stamps.append(time.time())
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(logs["completions/mean_length"])
+
+    def reward(completions, idx, completion_ids, **kw):
+        return [task.reward(text, ids, problems[i])[0] for text, ids, i in zip(completions, completion_ids, idx)]
+
+    settings = dict(TRL_VARIANTS[variant])
+    if args.workload == "fixed":
+        settings["generation_kwargs"] = {"min_new_tokens": args.max_new_tokens}
+    cfg = GRPOConfig(output_dir=str(Path(args.work) / f"trl_{variant}"), per_device_train_batch_size=args.batch_size
+                     * args.group_size, gradient_accumulation_steps=1, num_generations=args.group_size,
+                     max_steps=args.warmup + args.versions, max_completion_length=args.max_new_tokens,
+                     temperature=1.0, top_p=1.0, beta=0.0, learning_rate=args.lr, lr_scheduler_type="constant",
+                     gradient_checkpointing=False, bf16=cuda, logging_steps=1, save_strategy="no", report_to="none",
+                     use_vllm=False, model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"}, seed=1,
+                     use_cpu=not cuda, dataloader_num_workers=0, **settings)
+    trainer = GRPOTrainer(model=args.model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
+                          processing_class=tok, callbacks=[Window()])
+    trainer.train()
+    first, last = args.warmup, args.warmup + args.versions  # stamps[k - 1]: the end of step k
+    window = lengths[first:last]
+    tokens = sum(window) * args.batch_size * args.group_size * args.versions / max(len(window), 1)
+    result = rates(f"trl:{variant}", "finished", args.versions, stamps[last - 1] - stamps[first - 1], tokens, args)
+    settings.pop("generation_kwargs", None)
+    result["command"] = (f"GRPOConfig(use_vllm=False, gradient_checkpointing=False, bf16={cuda}, beta=0, "
+                         f"loss_type={cfg.loss_type!r}, per_device_train_batch_size={cfg.per_device_train_batch_size}, "
+                         f"num_generations={args.group_size}, max_completion_length={args.max_new_tokens}"
+                         + "".join(f", {k}={v!r}" for k, v in settings.items())
+                         + (", generation_kwargs={'min_new_tokens': ...})" if args.workload == "fixed" else ")"))
+    (Path(args.out) / f"trl_{variant}.json").write_text(json.dumps(result, indent=1))
+
+
+def run_process(cmd: list[str], log: Path, hard_s: float, env: dict) -> str:
+    """Run ``cmd`` from the repository root with its output in ``log``; killed (by pid) after ``hard_s``."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+        try:
+            return f"exited {proc.wait(timeout=hard_s)}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return "killed at --hard_s"
+
+
+def summarize(workload: str, sides: list[dict]) -> dict:
+    """``vs_trl`` (completions/s) and ``vs_trl_tokens`` against the fastest TRL variant, and every side."""
+    distrl = next((s for s in sides if s["side"] == "distrl" and "completions_per_s" in s), None)
+    trl = [s for s in sides if s["side"].startswith("trl:") and "completions_per_s" in s]
+    best = max(trl, key=lambda s: s["completions_per_s"], default=None)
+    ratio = lambda key: round(distrl[key] / best[key], 3) if distrl and best and best[key] else None  # noqa: E731
+    return {"workload": workload, "vs_trl": ratio("completions_per_s"), "vs_trl_tokens": ratio("tokens_per_s"),
+            "trl_best": best["side"] if best else None, "sides": sides}
+
+
+def table(summary: dict) -> str:
+    rows = [f"{'side':<12} {'steps':>5} {'wall s':>8} {'compl/s':>8} {'tok/s':>9} {'mean len':>8}  how"]
+    for s in summary["sides"]:
+        if "completions_per_s" not in s:
+            rows.append(f"{s['side']:<12} no window ({s.get('how')})")
+            continue
+        rows.append(f"{s['side']:<12} {s['steps']:>5} {s['wall_s']:>8.2f} {s['completions_per_s']:>8.2f} "
+                    f"{s['tokens_per_s']:>9.1f} {s['mean_completion_tokens']:>8.1f}  {s['how']}")
+    rows.append(f"{summary['workload']}: distrl / fastest TRL ({summary['trl_best']}) = {summary['vs_trl']} "
+                f"completions/s, {summary['vs_trl_tokens']} tokens/s")
+    return "\n".join(rows)
+
+
+def run(args) -> dict:
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare_model(args, work)
+    sides = [distrl_side(args, model_dir, work, out)]
+    sides += [trl_side(args, variant, model_dir, work, out) for variant in args.trl.split(",") if variant]
+    summary = summarize(args.workload, sides) | {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    (out / f"{args.workload}.json").write_text(json.dumps(summary, indent=1))
+    print(table(summary))
+    print(json.dumps(summary))
+    return summary
+
+
+def report(dirs: list[str], note: str) -> None:
+    """bench/results/vs_trl.json: ``vs_trl_fixed``/``vs_trl_variable`` = the smallest of the runs (each run's
+    summary under ``runs``)."""
+    runs = [json.loads(p.read_text()) for d in dirs for p in sorted(Path(d).glob("*.json"))
+            if p.stem in ("fixed", "variable")]
+    out = {"note": note, "runs": runs}
+    for workload in ("fixed", "variable"):
+        ratios = [r["vs_trl"] for r in runs if r["workload"] == workload and r["vs_trl"] is not None]
+        out[f"vs_trl_{workload}"] = min(ratios) if ratios else None
+        out[f"vs_trl_{workload}_runs"] = ratios
+    (ROOT / "bench" / "results" / "vs_trl.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}))
+
+
+def smoke(args) -> int:
+    """CPU: the tiny model, ``fixed``, 4 prompts x 2 completions of 5 tokens, 1 + 2 versions a side, TRL
+    ``hf`` only where triton imports (TRL 1.15's GRPOTrainer computes its logprobs with a triton kernel; the
+    CPU stack has no triton); exit code 1 unless each side that ran timed its window."""
+    args.model, args.workload, args.warmup, args.versions = "tiny", "fixed", 1, 2
+    args.trl = "hf" if importlib.util.find_spec("triton") else ""
+    args.batch_size, args.group_size, args.max_new_tokens = 4, 2, 5
+    args.distrl_flags = (args.distrl_flags + " --torch_threads 1").strip()
+    args.work = tempfile.mkdtemp(prefix="vs_trl_")
+    try:
+        summary = run(args)
+    finally:
+        shutil.rmtree(args.work, ignore_errors=True)
+    return 0 if all("completions_per_s" in side for side in summary["sides"]) else 1
+
+
+SHARED = ("workload", "dataset", "max_new_tokens", "batch_size", "group_size", "lr", "warmup", "versions")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["run", "report", "smoke", "trl"])
+    parser.add_argument("names", nargs="*", help="report: run output directories; trl: the variant")
+    parser.add_argument("--workload", choices=["fixed", "variable"], default="fixed")
+    parser.add_argument("--model", default=None, help="variable: SmolLM2-135M-Instruct (GGUF file or directory)")
+    parser.add_argument("--tokenizer", default=None, help="fixed: tokenizer directory of the random 0.5B (Qwen2.5)")
+    parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
+    parser.add_argument("--trl", default="hf,paged", help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
+    parser.add_argument("--distrl_flags", default="", help="more `distrl train` flags (one string)")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="default: fixed 128, variable 256")
+    parser.add_argument("--batch_size", type=int, default=32, help="prompts per version (TRL: per step)")
+    parser.add_argument("--group_size", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--lr", type=float, default=2e-6, help="learning rate, both sides")
+    parser.add_argument("--warmup", type=int, default=3, help="versions (steps) left out at the start")
+    parser.add_argument("--versions", type=int, default=15, help="versions (steps) timed")
+    parser.add_argument("--hard_s", type=float, default=900.0, help="kill a side after this many seconds")
+    parser.add_argument("--out", default="vs_trl_out", help="logs and JSON")
+    parser.add_argument("--work", default="/tmp/vs_trl", help="run directories and the built model")
+    parser.add_argument("--model_dir", default=None, help=argparse.SUPPRESS)  # trl mode: the prepared model
+    parser.add_argument("--note", default="", help="report: a line kept in the JSON (machine, commit, command)")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 256 if args.workload == "variable" else 128
+    if args.mode == "run" and args.workload == "variable" and not (args.model and args.dataset):
+        parser.error("--workload variable needs --model (SmolLM2) and --dataset (GSM8K train.jsonl)")
+    if args.mode == "run" and args.workload == "fixed" and not args.tokenizer and args.model != "tiny":
+        parser.error("--workload fixed needs --tokenizer (the Qwen2.5 tokenizer directory)")
+    unknown = [v for v in args.trl.split(",") if v and v not in TRL_VARIANTS]
+    if unknown:
+        parser.error(f"--trl: unknown variant(s) {', '.join(unknown)}; expected {', '.join(TRL_VARIANTS)}")
+    if args.mode == "smoke":
+        sys.exit(smoke(args))
+    if args.mode == "trl":
+        trl_case(args, args.names[0])
+    elif args.mode == "run":
+        run(args)
+    else:
+        report(args.names, args.note)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""`python -m bench.vs_trl smoke`: the GPU benchmark's distrl side (a `distrl train` run read back from
+TensorBoard into completions/s and tokens/s) on CPU with the tiny model; the summary's ratios on given sides.
+
+Checks what the script wrote and printed is well formed and self-consistent; never how fast anything was.
+TRL 1.15's GRPOTrainer needs triton (its fused logprob kernel), which the CPU stack lacks: its side runs on
+the GPU machine only."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.test_train import ENV, ROOT
+
+
+def test_smoke_times_the_distrl_side(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "bench.vs_trl", "smoke", "--out", str(out)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "fixed.json").read_text())
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == summary  # the last line: the same JSON
+    distrl = summary["sides"][0]
+    assert distrl["side"] == "distrl" and distrl["how"] == "exited 0" and distrl["steps"] == 2
+    assert "--task half_vocab" in distrl["command"] and "--max_steps 3" in distrl["command"]
+    # 2 versions x 4 prompts x 2 completions of exactly 5 tokens (the tiny model never stops early at 5)
+    assert math.isclose(distrl["completions_per_s"], 16 / distrl["wall_s"], rel_tol=0.01)
+    assert distrl["mean_completion_tokens"] == 5.0
+    assert math.isclose(distrl["tokens_per_s"], 5 * distrl["completions_per_s"], rel_tol=0.01)
+    if importlib.util.find_spec("triton") is None:
+        assert len(summary["sides"]) == 1 and summary["vs_trl"] is None and summary["trl_best"] is None
+    assert "distrl / fastest TRL" in proc.stdout
+
+
+def test_summary_divides_by_the_fastest_trl_variant():
+    from bench.vs_trl import summarize
+
+    sides = [{"side": "distrl", "completions_per_s": 90.0, "tokens_per_s": 9000.0},
+             {"side": "trl:hf", "completions_per_s": 30.0, "tokens_per_s": 3000.0},
+             {"side": "trl:paged", "completions_per_s": 45.0, "tokens_per_s": 4000.0},
+             {"side": "trl:static", "how": "exited 1"}]
+    summary = summarize("variable", sides)
+    assert summary["trl_best"] == "trl:paged" and summary["vs_trl"] == 2.0 and summary["vs_trl_tokens"] == 2.25
+    assert summarize("fixed", sides[1:])["vs_trl"] is None  # no distrl window: no ratio
+
+
+def test_a_bad_trl_variant_is_named(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.vs_trl", "run", "--trl", "hf,vllm", "--model", "tiny",
+                           "--out", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--trl: unknown variant(s) vllm" in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
