@@ -7,13 +7,17 @@
 #   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
-# or, to outlast one call's 10 minutes: `start [DIR [CASES]]` runs install and the benches in the background
-# (setsid), logging to /tmp/g22: bench/gpu_vllm.py --cases CASES (default equal,decode), then its launchers
-# (engines ENGINES, default vllm,hf) and trl cases, then bench/real_workload.py's cases RW ("case[:versions] ...",
-# default none), then bench/variable_length.py RUNS times (default 1): `start DIR CASES ENGINES RUNS RW`
-# (CASES or ENGINES "-": that step skipped); each later call (back to back, within 30 s) is
-# `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 into $OUT/g22.tgz and prints the logs'
-# last lines. DIR: the last piece, staged by the same call. Measured 2026-12-02: staging 108 s of held
+# or, to outlast one call's 10 minutes: `start DIR "STEP ..."` runs install and then each STEP in order in the
+# background (setsid), logging to /tmp/g22 (DIR: the last piece, staged by the same call; "-": none). STEP:
+#   vllm[:CASES]               bench.gpu_vllm --cases CASES (default equal,decode)
+#   launchers[:ENGINES]        bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
+#   rw:CASE[:VERSIONS]         bench.real_workload run --cases CASE --versions VERSIONS (default 60)
+#   vl[:CASES]                 bench.variable_length --cases CASES (default continuous,decode)
+#   vs_trl:WORKLOAD[:VARIANTS] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,paged)
+#   real_model[:CASES[:MIN]]   bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+# e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
+# within 30 s) is `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 (and the runs' logs and
+# TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
 # machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
 #
 # What is packed:
@@ -23,9 +27,10 @@
 #   frontend binary, DeepGEMM/FMHA-sm100 sources and the API server's static files: 304 MB wheel -> 73 MB tar.xz
 # - the wheels in bench/gpu_vllm_wheels.txt (--no-deps), ~45 MB
 # - SmolLM2-135M-Instruct (.gguf, 94 MB, from .gpu/smollm2/ as ../shared/gpu/smollm2.sh makes it) and the
-#   Qwen2.5 tokenizer (../shared/data/tokenizers/qwen2.5) for the 0.5B architecture
+#   Qwen2.5 tokenizer (../shared/data/tokenizers/qwen2.5) for the 0.5B architecture; GSM8K's train.jsonl
+#   (../shared/data/gsm8k) beside the last piece, as gsm8k_train.jsonl
 set -euo pipefail
-mode=${1:?pack, stage DIR, install, env-run CMD, start [DIR] or poll SECONDS}
+mode=${1:?pack, stage DIR, install, env-run CMD, start DIR [STEPS] or poll SECONDS}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PIECE_MB=56
 VLLM=vllm==0.26.0
@@ -55,6 +60,7 @@ pack() {
   split -b "${PIECE_MB}M" -d "$stage/pack.tar" "$stage/piece."
   local k=1
   for f in "$stage"/piece.*; do mkdir -p "$ROOT/.gpu/v22/$k" && mv "$f" "$ROOT/.gpu/v22/$k/"; k=$((k + 1)); done
+  cp "$ROOT/../shared/data/gsm8k/train.jsonl" "$ROOT/.gpu/v22/$((k - 1))/gsm8k_train.jsonl"
   rm -rf "$stage"
   du -sh "$ROOT"/.gpu/v22/*
 }
@@ -71,38 +77,43 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
   du -sh /tmp/site
 }
 
-session() {  # the background job of `start` (see the header); each step's exit status goes to /tmp/g22/steps
-  local g=/tmp/g22 pack=/tmp/v22stage/pack
-  local bench=(python3 -m bench.gpu_vllm --model "$pack/SmolLM2-135M-Instruct.Q4_1.gguf" --tokenizer "$pack/qwen2.5"
-               --out "$g/vllm" --case_timeout_s 600)
+session() {  # the background job of `start`: install, then each step of "$1" in order (see the header)
+  local g=/tmp/g22 pack=/tmp/v22stage/pack k=0 spec kind rest a b
+  local model="$pack/SmolLM2-135M-Instruct.Q4_1.gguf"
+  local vllm=(python3 -m bench.gpu_vllm --model "$model" --tokenizer "$pack/qwen2.5" --out "$g/vllm" --case_timeout_s 600)
   step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
            ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
   step install install
-  [ "${1:-}" = - ] || step vllm_first bash "$0" env-run "${bench[@]}" --cases "${1:-equal,decode}"
-  [ "${2:-}" = - ] || step vllm_launchers_trl bash "$0" env-run "${bench[@]}" --cases launchers,trl \
-    --engines "${2:-vllm,hf}"
-  local spec case versions
-  for spec in ${4:-}; do  # bench.real_workload cases, "case[:versions]" each (Ray from the packed wheels)
-    case=${spec%%:*}; versions=${spec#*:}; [ "$versions" = "$spec" ] && versions=60
-    step "real_workload_$case" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" \
-      --model "$pack/SmolLM2-135M-Instruct.Q4_1.gguf" --work /tmp/real_workload --cases "$case" --versions "$versions"
-  done
-  for k in $(seq "${3:-1}"); do
-    step "variable_length_$k" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" \
-      --cases continuous,decode,profile
+  for spec in $1; do
+    k=$((k + 1)); kind=${spec%%:*}; rest=${spec#*:}; [ "$rest" = "$spec" ] && rest=
+    a=${rest%%:*}; b=${rest#*:}; [ "$b" = "$rest" ] && b=
+    case "$kind" in
+      vllm) step "$k-vllm" bash "$0" env-run "${vllm[@]}" --cases "${a:-equal,decode}" ;;
+      launchers) step "$k-launchers" bash "$0" env-run "${vllm[@]}" --cases launchers,trl --engines "${a:-vllm,hf}" ;;
+      rw) step "$k-rw-$a" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" --model "$model" \
+            --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
+      vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
+      vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,paged}" \
+            --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/vs_trl$k" \
+            --work "/tmp/vs_trl$k" --hard_s 400 ;;
+      real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
+            --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
+      *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
+    esac
   done
   touch "$g/DONE"
 }
 
 case "$mode" in
   start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
-    if [ -n "${2:-}" ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
-    setsid nohup bash "$0" session "${3:-equal,decode}" "${4:-vllm,hf}" "${5:-1}" "${6:-}" > /tmp/g22/session.log 2>&1 < /dev/null &
+    if [ "${2:-}" != - ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
+    setsid nohup bash "$0" session "${3:-vllm launchers}" > /tmp/g22/session.log 2>&1 < /dev/null &
     sleep 2; cat /tmp/g22/steps ;;
-  session) cd "$ROOT" && session "${2:-}" "${3:-}" "${4:-}" "${5:-}" ;;
+  session) cd "$ROOT" && session "${2:-}" ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
-      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs 2>/dev/null) || true
+      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs \
+        vs_trl*/*/tb 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack ;;
@@ -113,5 +124,5 @@ case "$mode" in
       TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 DISTRL_GGUF_CACHE=/tmp/gguf \
       VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
     "$@" ;;
-  *) echo "unknown mode $mode: pack, stage DIR, install, env-run CMD, start [DIR [CASES [ENGINES [RUNS]]]] or poll SECONDS" >&2; exit 2 ;;
+  *) echo "unknown mode $mode: pack, stage DIR, install, env-run CMD, start DIR [STEPS] or poll SECONDS" >&2; exit 2 ;;
 esac
