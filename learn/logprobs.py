@@ -327,27 +327,46 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-
     if impl not in ("chunked", "cce", "halfmm"):
         raise ValueError(f"impl must be 'chunked', 'cce' or 'halfmm', got {impl!r}")
     params = _head_params(lm_head)
-    half = impl == "halfmm"
-    if half and _cannot_run("halfmm", params, temperature) is not None:
-        raise ValueError(f"impl='halfmm' cannot run: {_cannot_run('halfmm', params, temperature)}")
+    if impl == "halfmm" and (why := _cannot_run("halfmm", params, temperature)) is not None:
+        raise ValueError(f"impl='halfmm' cannot run: {why}")
     b, t, h = hidden.shape
-    flat_hidden = hidden.reshape(b * t, h)  # (N, H)
-    flat_targets = target_ids.reshape(b * t).long()  # (N,)
-    if impl == "cce" and b * t > 0:
-        logprobs = _cce_logprobs(flat_hidden, params[0], flat_targets).reshape(b, t)
-        if not return_entropy:
-            return logprobs
-        with torch.no_grad():
-            step = -(-(b * t) // ENTROPY_SAMPLE)
-            sample = flat_hidden[::step]
-            _, sampled = _chunk(sample, params[0].float(), None, flat_targets[::step], temperature, None, True)
-            entropy = sampled.mean().expand(b * t).clone()
-            entropy[::step] = sampled
-        return logprobs, entropy.reshape(b, t)
+    if b * t == 0:
+        empty = hidden.new_zeros((b, t), dtype=torch.float32) + 0.0 * hidden.sum()
+        return (empty, empty.detach().clone()) if return_entropy else empty
+    flat_hidden, flat_targets = hidden.reshape(b * t, h), target_ids.reshape(b * t).long()  # (N, H), (N,)
+    if impl == "cce":
+        logprobs, entropy = _cce_token_logprobs(flat_hidden, params[0], flat_targets, temperature, return_entropy)
+    else:
+        logprobs, entropy = _chunked_token_logprobs(flat_hidden, lm_head, params, flat_targets, temperature,
+                                                    chunk_tokens, return_entropy, impl == "halfmm")
+    return (logprobs.reshape(b, t), entropy.reshape(b, t)) if return_entropy else logprobs.reshape(b, t)
+
+
+def _cce_token_logprobs(flat_hidden, weight, flat_targets, temperature: float, return_entropy: bool):
+    """:func:`token_logprobs` with ``impl="cce"`` on (N, H) hidden states: ``(logprobs (N,), entropy (N,) or
+    None)``; the entropy exact at a strided sample of at most ``ENTROPY_SAMPLE`` positions, the sample's
+    mean elsewhere."""
+    logprobs = _cce_logprobs(flat_hidden, weight, flat_targets)
+    if not return_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        n = flat_hidden.shape[0]
+        step = -(-n // ENTROPY_SAMPLE)
+        _, sampled = _chunk(flat_hidden[::step], weight.float(), None, flat_targets[::step], temperature, None, True)
+        entropy = sampled.mean().expand(n).clone()
+        entropy[::step] = sampled
+    return logprobs, entropy
+
+
+def _chunked_token_logprobs(flat_hidden, lm_head, params, flat_targets, temperature: float, chunk_tokens: int,
+                            return_entropy: bool, half: bool):
+    """:func:`token_logprobs` with ``impl="chunked"`` or ``"halfmm"`` (``half``) on (N, H) hidden states, in
+    chunks of ``chunk_tokens`` positions: ``(logprobs (N,), entropy (N,) or None)``. A Linear or tensor
+    head (``params``) goes through :class:`_FusedChunk`; any other module through a checkpointed
+    :func:`_chunk`."""
     module = lm_head if params is None else None
     weight = bias = None
     if half:  # the head's own half dtype; hidden cast to it once (gradient flows back through the cast)
@@ -357,22 +376,15 @@ def token_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module | torch.Tensor
         weight = params[0].float()
         bias = None if params[1] is None else params[1].float()
     logps, entropies = [], []
-    for start in range(0, b * t, chunk_tokens):
-        end = min(start + chunk_tokens, b * t)
-        if module is None:  # a Linear head or a weight tensor: the fused chunk
-            logp, entropy = _FusedChunk.apply(flat_hidden[start:end], weight, bias, flat_targets[start:end],
-                                              temperature, return_entropy, half)
-            out = (logp, entropy) if return_entropy else logp
+    for start in range(0, flat_hidden.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        if module is None:
+            logp, entropy = _FusedChunk.apply(flat_hidden[rows], weight, bias, flat_targets[rows], temperature,
+                                              return_entropy, half)
         else:
-            out = checkpoint(_chunk, flat_hidden[start:end], weight, bias, flat_targets[start:end],
-                             temperature, module, return_entropy, use_reentrant=False)
-        logps.append(out[0] if return_entropy else out)
-        if return_entropy:
-            entropies.append(out[1])
-    if not logps:  # B*T == 0
-        empty = hidden.new_zeros((b, t), dtype=torch.float32) + 0.0 * hidden.sum()
-        return (empty, empty.detach().clone()) if return_entropy else empty
-    logprobs = torch.cat(logps).reshape(b, t)
-    if return_entropy:
-        return logprobs, torch.cat(entropies).reshape(b, t)
-    return logprobs
+            out = checkpoint(_chunk, flat_hidden[rows], weight, bias, flat_targets[rows], temperature, module,
+                             return_entropy, use_reentrant=False)
+            logp, entropy = out if return_entropy else (out, None)
+        logps.append(logp)
+        entropies.append(entropy)
+    return torch.cat(logps), (torch.cat(entropies) if return_entropy else None)
