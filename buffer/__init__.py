@@ -1,10 +1,13 @@
 """The replay buffer: rollout actors PUT groups, learners GET top-k batches under a staleness bound.
 
 - :mod:`buffer.selection`: pure rules (top-k inside a group, the order across groups).
-- :mod:`buffer.store`: the pure core (held groups, eviction, selection, credits, bounds), no sockets.
+- :mod:`buffer.store`: the pure core (held groups, eviction, selection, credits, bounds), no sockets;
+  :mod:`buffer.intake`: its PUT side (validation, de-duplication, seqs, persist before commit).
 - :mod:`buffer.segments`: the on-disk segment log (Arrow IPC stream), the consumption log, ``lineage``.
 - :mod:`buffer.recovery`: rebuilding memory from the logs (``--resume``, offline replay).
-- :mod:`buffer.server`: the ZeroMQ ROUTER server around the store, on a :mod:`buffer.endpoint`;
+- :mod:`buffer.server`: the ZeroMQ ROUTER server around the store, on a :mod:`buffer.endpoint`; its replies
+  (:mod:`buffer.handlers`), its ledger of senders' credits and liveness (:mod:`buffer.clients`) and its group
+  commit (:mod:`buffer.commit`);
   :mod:`buffer.assemble`: ``build_buffer``, the one builder of a server; :mod:`buffer.launch`: `distrl buffer`.
 - :mod:`buffer.client`: :class:`BufferClient` (DEALER, Lazy-Pirate retries, backpressure).
 - :mod:`buffer.security`: CURVE keys and authentication.

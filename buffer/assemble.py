@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from buffer.clients import CREDIT_TIMEOUT_S
 from buffer.endpoint import Endpoint
 from buffer.memory import prefault_heap
 from buffer.recovery import restore_store
 from buffer.segments import ConsumptionLog, SegmentLog, segment_paths
-from buffer.server import CREDIT_TIMEOUT_S, BufferServer
+from buffer.server import BufferServer
 from buffer.store import GroupStore
 from distrl.core.metrics import Metrics
 

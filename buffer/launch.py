@@ -43,7 +43,7 @@ def run(cfg) -> dict:
             "buffer_address": server.address, **{name: getattr(cfg, name) for name in shape}}})
         print(f"distrl buffer: serving at {server.address} (run directory {run_dir})", flush=True)
         server.serve(stop)
-        stats = server.stats()
+        stats = server.handlers.stats()
     finally:
         server.close()
     log.info("buffer stopped: %d groups put, %d held, %d duplicates dropped", stats["groups_put"],

@@ -247,7 +247,7 @@ def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, 
 
 
 def test_no_progress_refuses_gets_stops_credits_then_ends_serve(tmp_path, monkeypatch):
-    monkeypatch.setattr("buffer.server.NO_PROGRESS_GRACE_S", 0.5)
+    monkeypatch.setattr("buffer.handlers.NO_PROGRESS_GRACE_S", 0.5)
     server = new_server(tmp_path, batch_size=1, max_staleness=0, topk=1, filter_zero_variance=True,
                         max_filtered_groups=2)
     failed = []
@@ -413,7 +413,7 @@ def test_a_failed_commit_ends_the_server_whatever_request_follows(tmp_path, monk
             queue(wire.encode(MsgType.PUT, "actor", 1, body=make_group("a")))
             server._handle_queued()  # admitted; its commit waits in the fsync
             fail.set()
-            while not server._committing[0].done():
+            while not server._commit.finished:
                 time.sleep(0.01)
             queue(wire.encode(MsgType.PUT, "actor", 2, body=make_group("b")),
                   wire.encode(MsgType.GET, "actor", 3, learner_version=0, rank=0, world_size=1))
