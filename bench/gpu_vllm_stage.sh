@@ -13,7 +13,7 @@
 #   launchers[:ENGINES]        bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
 #   rw:CASE[:VERSIONS]         bench.real_workload run --cases CASE --versions VERSIONS (default 60)
 #   vl[:CASES]                 bench.variable_length --cases CASES (default continuous,decode)
-#   vs_trl:WORKLOAD[:VARIANTS] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,paged)
+#   vs_trl:WORKLOAD[:VARIANTS] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,continuous)
 #   real_model[:CASES[:MIN]]   bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 (and the runs' logs and
@@ -93,7 +93,7 @@ session() {  # the background job of `start`: install, then each step of "$1" in
       rw) step "$k-rw-$a" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" --model "$model" \
             --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
       vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
-      vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,paged}" \
+      vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
             --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/vs_trl$k" \
             --work "/tmp/vs_trl$k" --hard_s 400 ;;
       real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \

@@ -20,8 +20,9 @@ Sides:
   TensorBoard (``learner/policy_version`` wall times; tokens from ``learner/completion_tokens``).
 - ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
   by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
-  step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``paged`` (``use_transformers_paged``:
-  transformers' continuous batching), ``static`` (``cache_implementation="static"``). The window is
+  step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``continuous``
+  (``use_transformers_continuous_batching``: transformers' continuous batching), ``static``
+  (``cache_implementation="static"``). The window is
   ``--versions`` optimizer steps after ``--warmup``, timed at each step's end after a CUDA synchronize.
 
 ``vs_trl`` = distrl's completions/s over the fastest TRL variant's; ``vs_trl_tokens`` the same in generated
@@ -52,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.real_workload import phases, scalars  # noqa: E402
 
-TRL_VARIANTS = {"hf": {}, "paged": {"use_transformers_paged": True}, "static": {"cache_implementation": "static"}}
+TRL_VARIANTS = {"hf": {}, "continuous": {"use_transformers_continuous_batching": True},
+                "static": {"cache_implementation": "static"}}
 
 
 def task_flags(args) -> list[str]:
@@ -269,7 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="variable: SmolLM2-135M-Instruct (GGUF file or directory)")
     parser.add_argument("--tokenizer", default=None, help="fixed: tokenizer directory of the random 0.5B (Qwen2.5)")
     parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
-    parser.add_argument("--trl", default="hf,paged", help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
+    parser.add_argument("--trl", default="hf,continuous",
+                        help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
     parser.add_argument("--distrl_flags", default="", help="more `distrl train` flags (one string)")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: fixed 128, variable 256")
     parser.add_argument("--batch_size", type=int, default=32, help="prompts per version (TRL: per step)")

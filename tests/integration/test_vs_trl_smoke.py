@@ -42,10 +42,10 @@ def test_summary_divides_by_the_fastest_trl_variant():
 
     sides = [{"side": "distrl", "completions_per_s": 90.0, "tokens_per_s": 9000.0},
              {"side": "trl:hf", "completions_per_s": 30.0, "tokens_per_s": 3000.0},
-             {"side": "trl:paged", "completions_per_s": 45.0, "tokens_per_s": 4000.0},
+             {"side": "trl:continuous", "completions_per_s": 45.0, "tokens_per_s": 4000.0},
              {"side": "trl:static", "how": "exited 1"}]
     summary = summarize("variable", sides)
-    assert summary["trl_best"] == "trl:paged" and summary["vs_trl"] == 2.0 and summary["vs_trl_tokens"] == 2.25
+    assert summary["trl_best"] == "trl:continuous" and summary["vs_trl"] == 2.0 and summary["vs_trl_tokens"] == 2.25
     assert summarize("fixed", sides[1:])["vs_trl"] is None  # no distrl window: no ratio
 
 
