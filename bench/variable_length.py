@@ -13,7 +13,9 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   over those that carry a token; continuous_vs_ideal = measured / ideal.
 - ``decode``: fixed length (256 new tokens) at each batch of ``--batches``, tok/s = batch x 256 / wall
   seconds (after a warm-up call of the same shapes), against the memory-bound limit
-  (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context).
+  (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
+  against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
+  products are bound by the GPU's FLOPs, not by its memory).
 
     python -m bench.variable_length --out DIR [--cases continuous,decode]   (CUDA)
     python -m bench.variable_length --smoke --out DIR                     (a tiny model on CPU: the logic)
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy bandwidth of one H200 (device notes)
+PEAK_FLOPS = 790e12  # bf16 dense matmul, measured on an H200 of this workplace (bench/gpu_pipeline.py)
 PROMPT = 64
 
 
@@ -62,6 +65,24 @@ def roofline_tok_s(weight_bytes: int, cfg, batch: int, prompt: int, new: int) ->
     formula = (f"({weight_bytes / 1e9:.3f} GB weights + {batch} rows x {mean_ctx:.0f} tokens x "
                f"{kv_per_token} B KV) / 4.3 TB/s = {1e3 * step_s:.3f} ms a step")
     return batch / step_s, formula
+
+
+def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) -> tuple[float, str]:
+    """Decode limit in tok/s counting compute too: a step takes at least max(matmul FLOPs / 790 TFLOP/s,
+    weight bytes / 4.3 TB/s) for the weight products (2 x ``params`` FLOPs a row: every weight, the tied
+    head included, multiplies each row once) plus max(attention FLOPs, K/V bytes at the mean context) for
+    attention (4 x layers x heads x head_dim x context FLOPs a row). At batch 1024 the weight products are
+    bound by compute, not by memory. Returns (tok/s, the formula with its numbers)."""
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    mean_ctx = prompt + new / 2
+    kv_bytes = batch * mean_ctx * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 2
+    attn_flops = batch * 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * mean_ctx
+    gemm_s = max(2 * params * batch / PEAK_FLOPS, 2 * params / HBM_BYTES_PER_S)  # bf16 weights
+    attn_s = max(attn_flops / PEAK_FLOPS, kv_bytes / HBM_BYTES_PER_S)
+    formula = (f"max({2 * params * batch / 1e12:.3f} TFLOP, {2 * params / 1e9:.3f} GB) + max({attn_flops / 1e12:.4f} "
+               f"TFLOP, {kv_bytes / 1e9:.3f} GB KV) at 790 TFLOP/s, 4.3 TB/s = {1e3 * gemm_s:.3f} + "
+               f"{1e3 * attn_s:.3f} ms a step")
+    return batch / (gemm_s + attn_s), formula
 
 
 def make_sampler(model, cuda: bool):
@@ -125,7 +146,8 @@ def case_continuous(model, args, cuda: bool) -> dict:
 def case_decode(model, args, cuda: bool) -> dict:
     import torch
 
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied head counted once
+    params = sum(p.numel() for p in model.parameters())  # a tied head counted once
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     new = args.new_tokens
     res = {}
     for batch in args.batches:
@@ -135,8 +157,11 @@ def case_decode(model, args, cuda: bool) -> dict:
         times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(args.repeats)]
         tok_s = batch * new / sorted(times)[len(times) // 2]
         limit, formula = roofline_tok_s(weight_bytes, model.config, batch, PROMPT, new)
+        both, both_formula = compute_roofline_tok_s(params, model.config, batch, PROMPT, new)
         res[f"b{batch}"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times], roofline_tok_s=round(limit),
                                 roofline_fraction=round(tok_s / limit, 3), formula=formula,
+                                compute_roofline_tok_s=round(both), compute_roofline_fraction=round(tok_s / both, 3),
+                                compute_formula=both_formula,
                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
         del sampler
         if cuda:
@@ -191,7 +216,10 @@ def summary(res: dict) -> dict:
     return {k: cont.get(k) for k in ("continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal")} | {
         "decode_tok_s": {k: v.get("tok_s") for k, v in dec.items()},
         "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
-        **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction")} if top else {})}
+        "decode_compute_roofline_fraction": {k: v.get("compute_roofline_fraction") for k, v in dec.items()},
+        **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction"),
+            f"decode_compute_roofline_fraction_b{top}": dec[f"b{top}"].get("compute_roofline_fraction")}
+           if top else {})}
 
 
 def main(argv: list[str] | None = None) -> int:

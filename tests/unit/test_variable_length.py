@@ -30,3 +30,21 @@ def test_smoke_runs_both_modes_to_the_same_tokens(tmp_path):
                         rel_tol=0.01)
     assert 0 < res["decode"]["b4"]["tok_s"] < res["decode"]["b4"]["roofline_tok_s"]
     assert res["summary"]["decode_roofline_fraction_b4"] == res["decode"]["b4"]["roofline_fraction"]
+
+
+def test_compute_roofline_adds_the_bound_of_each_part():
+    """The 0.5B architecture (494,032,768 parameters) at 1024 rows, 64 + 256 tokens (mean context 192):
+    weight products 2 x 494.03e6 x 1024 = 1.0118 TFLOP / 790e12 = 1.2808 ms (compute-bound: the weights'
+    0.988 GB take 0.2298 ms at 4.3 TB/s); attention 1024 x 4 x 24 x 14 x 64 x 192 = 16.91 GFLOP (0.0214 ms)
+    against K/V 1024 x 192 x (2 x 24 x 2 x 64 x 2 B) = 2.416 GB (0.5619 ms): 1.8427 ms a step, 555,700 tok/s.
+    At 1 row both parts are bound by memory: (0.988 GB + 192 x 12,288 B) / 4.3 TB/s."""
+    from types import SimpleNamespace
+
+    from bench.variable_length import compute_roofline_tok_s, roofline_tok_s
+
+    cfg = SimpleNamespace(hidden_size=896, num_attention_heads=14, num_hidden_layers=24, num_key_value_heads=2)
+    tok_s, formula = compute_roofline_tok_s(494_032_768, cfg, 1024, 64, 256)
+    assert math.isclose(tok_s, 1024 / 1.8427e-3, rel_tol=1e-3) and "1.281 + 0.562 ms" in formula
+    one, _ = compute_roofline_tok_s(494_032_768, cfg, 1, 64, 256)
+    memory_only, _ = roofline_tok_s(2 * 494_032_768, cfg, 1, 64, 256)
+    assert math.isclose(one, memory_only, rel_tol=1e-9)
