@@ -6,8 +6,10 @@ return at once.
 The run: `distrl train` with one Ray actor (actor0, vLLM) on the tiny model; actor A joins at the start
 (actor1), B (actor2) once the learners reached version k, both with `--engine hf` (a host-local flag overrides
 the run's); A gets SIGTERM once B's groups arrive, while it holds credits (mid-generation). The numbers are
-printed (`pytest -s`). `--max_staleness 32`: actor0 (vLLM) feeds the learner so fast that a joiner's groups
-(HF engine, a busy 2-core machine) would be stale by the time they arrive at a small bound.
+printed (`pytest -s`). `--max_staleness 128`: actor0 (vLLM) feeds the learner so fast that a joiner's groups
+(HF engine, a busy 2-core machine) would be stale by the time they arrive at a small bound (at 32, CI once saw
+B start generating at version 125, having joined at 3, and every group it PUT evicted as stale); the run then
+waits until some of B's groups were trained on before B leaves.
 """
 
 from __future__ import annotations
@@ -31,10 +33,19 @@ def joined_id(log: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def trained_rows(run_dir: Path, actor_id: int) -> int:
+    """Completions of ``actor_id`` that a learner version trained on so far (0 while a log line is half written)."""
+    try:
+        rows = lineage(run_dir).to_pylist()
+    except (ValueError, OSError):
+        return 0
+    return sum(1 for r in rows if r["actor_id"] == actor_id and r["trained_versions"])
+
+
 def test_an_actor_joins_and_another_leaves(tmp_path):
     run_dir = tmp_path / "elastic"
     logs = {name: tmp_path / f"{name}.out" for name in ("train", "a", "b")}
-    train = start(["train", *TINY, "--max_steps", "2000", "--max_staleness", "32", "--no_console",
+    train = start(["train", *TINY, "--max_steps", "2000", "--max_staleness", "128", "--no_console",
                    "--run_name", run_dir.name, "--log_dir", str(tmp_path)], logs["train"])
     procs = {"train": train}
     try:
@@ -55,6 +66,7 @@ def test_an_actor_joins_and_another_leaves(tmp_path):
             assert procs["a"].wait(timeout=60) == 128 + signal.SIGTERM
             left = client.stats()
             wait_until(lambda: learner_version(run_dir) >= m + MORE, 180, f"version {m + MORE}", train, logs["train"])
+            wait_until(lambda: trained_rows(run_dir, b_id), 180, "B's groups trained on", procs["b"], logs["b"])
             procs["b"].send_signal(signal.SIGTERM)
             assert procs["b"].wait(timeout=60) == 128 + signal.SIGTERM
             end = client.stats()
