@@ -108,6 +108,7 @@ def reserve(cfg: TrainConfig) -> Placement:
     if asked > total_gpus + 1e-9:
         raise RuntimeError(f"{what}, but the Ray cluster has {total_gpus:g} GPUs: lower --number_of_actors, "
                            f"--number_of_learners or --gpus_per_actor/--gpus_per_learner, or use a larger cluster")
+    free = ray.available_resources().get("GPU", 0)  # before this request (a pending group holds some for a while)
     group = placement_group([b for _, b in roles], strategy=cfg.placement_strategy, name="")
     try:
         ray.get(group.ready(), timeout=cfg.placement_timeout_s)
@@ -117,8 +118,8 @@ def reserve(cfg: TrainConfig) -> Placement:
         remove_placement_group(group)
         nodes = [n.get("Resources", {}).get("GPU", 0) for n in ray.nodes() if n.get("Alive")]
         raise RuntimeError(f"{what}, not placed within --placement_timeout_s {cfg.placement_timeout_s:g}: the "
-                           f"cluster has {total_gpus:g} GPUs, {ray.available_resources().get('GPU', 0):g} free, "
-                           f"per node {nodes}") from None
+                           f"cluster has {total_gpus:g} GPUs, {free:g} free before this request, per node "
+                           f"{nodes}") from None
     placement.group = group
     placement.bundles = {name: (i, b) for i, (name, b) in enumerate(roles)}
     on = ray.util.placement_group_table(group)["bundles_to_node_id"]

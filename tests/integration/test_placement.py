@@ -94,6 +94,7 @@ def test_too_many_gpus_fails_at_once(ray4, tmp_path):
 
 def test_unplaceable_bundles_fail_after_the_timeout(ray4, tmp_path):
     """5 roles x 0.75 GPU = 3.75 <= 4 GPUs in total, but one GPU holds only one 0.75 bundle."""
+    assert wait_for_free_gpus(ray4, polls=300) == 4.0  # the tests before: Ray frees their GPUs a while later
     cfg = TrainConfig(number_of_actors=4, gpus_per_actor=0.75, gpus_per_learner=0.75, placement_timeout_s=2,
                       log_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match=r"not placed within --placement_timeout_s 2.*4 free"):
