@@ -64,5 +64,5 @@ def test_make_demo(tmp_path):
     report = last_json_line(proc.stdout)
     run_dir = Path(report["run_dir"])
     assert run_dir.parent == tmp_path
-    check_report(report, run_dir, versions=250)
+    check_report(report, run_dir, versions=300)
     assert report["accuracy_after"] - report["accuracy_before"] >= 0.20, report
