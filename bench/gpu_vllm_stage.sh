@@ -7,16 +7,19 @@
 #   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
-# or, to outlast one call's 10 minutes: `start DIR "STEP ..."` runs install and then each STEP in order in the
-# background (setsid), logging to /tmp/g22 (DIR: the last piece, staged by the same call; "-": none). STEP:
-#   vllm[:CASES]               bench.gpu_vllm --cases CASES (default equal,decode)
-#   launchers[:ENGINES]        bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
-#   rw:CASE[:VERSIONS]         bench.real_workload run --cases CASE --versions VERSIONS (default 60)
-#   vl[:CASES]                 bench.variable_length --cases CASES (default continuous,decode)
-#   vs_trl:WORKLOAD[:VARIANTS] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,continuous)
-#   real_model[:CASES[:MIN]]   bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+# or, to outlast one call's 10 minutes: `start DIR "STEP ..."` queues install and each STEP, run in order by one
+# background job (setsid) that logs to /tmp/g22 (DIR: the last piece, staged by the same call; "-": none); a later
+# `start - "STEP ..."` while it runs adds to its queue (after it ended: starts a new job). STEP:
+#   vllm[:CASES]                  bench.gpu_vllm --cases CASES (default equal,decode)
+#   launchers[:ENGINES[:FT]]      bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
+#                                 --finetunes FT (default full; full,lora)
+#   rw:CASE[:VERSIONS]            bench.real_workload run --cases CASE --versions VERSIONS (default 60)
+#   vl[:CASES]                    bench.variable_length --cases CASES (default continuous,decode)
+#   vs_trl:WORKLOAD[:VARIANTS[:N]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,continuous)
+#                                 --versions N (default 15)
+#   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
-# within 30 s) is `poll SECONDS`: waits up to SECONDS for the end, packs /tmp/g22 (and the runs' logs and
+# within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
 # machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
 #
@@ -77,39 +80,55 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
   du -sh /tmp/site
 }
 
-session() {  # the background job of `start`: install, then each step of "$1" in order (see the header)
-  local g=/tmp/g22 pack=/tmp/v22stage/pack k=0 spec kind rest a b
+run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-NAME.log
+  local k=$1 spec=$2 g=/tmp/g22 pack=/tmp/v22stage/pack kind rest a b c
   local model="$pack/SmolLM2-135M-Instruct.Q4_1.gguf"
   local vllm=(python3 -m bench.gpu_vllm --model "$model" --tokenizer "$pack/qwen2.5" --out "$g/vllm" --case_timeout_s 600)
   step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
            ( "$@" ) > "$g/$name.log" 2>&1 || rc=$?; echo "$(date +%T) end $name: exit $rc" >> "$g/steps"; }
-  step install install
-  for spec in $1; do
-    k=$((k + 1)); kind=${spec%%:*}; rest=${spec#*:}; [ "$rest" = "$spec" ] && rest=
-    a=${rest%%:*}; b=${rest#*:}; [ "$b" = "$rest" ] && b=
-    case "$kind" in
-      vllm) step "$k-vllm" bash "$0" env-run "${vllm[@]}" --cases "${a:-equal,decode}" ;;
-      launchers) step "$k-launchers" bash "$0" env-run "${vllm[@]}" --cases launchers,trl --engines "${a:-vllm,hf}" ;;
-      rw) step "$k-rw-$a" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" --model "$model" \
-            --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
-      vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
-      vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
-            --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/vs_trl$k" \
-            --work "/tmp/vs_trl$k" --hard_s 400 ;;
-      real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
-            --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
-      *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
-    esac
+  kind=${spec%%:*}; rest=${spec#*:}; [ "$rest" = "$spec" ] && rest=
+  a=${rest%%:*}; b=${rest#*:}; [ "$b" = "$rest" ] && b=
+  c=${b#*:}; [ "$c" = "$b" ] && c=; b=${b%%:*}
+  case "$kind" in
+    install) step install install ;;
+    vllm) step "$k-vllm" bash "$0" env-run "${vllm[@]}" --cases "${a:-equal,decode}" ;;
+    launchers) step "$k-launchers" bash "$0" env-run "${vllm[@]}" --cases launchers,trl --engines "${a:-vllm,hf}" \
+          --finetunes "${b:-full}" ;;
+    rw) step "$k-rw-$a" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" --model "$model" \
+          --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
+    vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
+    vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
+          --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \
+          --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 ;;
+    real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
+          --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
+    *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
+  esac
+}
+
+session() {  # the background job of `start`: the queue's steps in order, then DONE (a later `start` adds more)
+  local g=/tmp/g22 k spec
+  while true; do
+    spec=$(flock "$g/lock" bash -c 'head -n 1 /tmp/g22/queue; sed -i 1d /tmp/g22/queue')
+    if [ -z "$spec" ]; then  # empty: end, unless a `start` queued more meanwhile
+      [ "$(flock "$g/lock" bash -c '[ -s /tmp/g22/queue ] && echo more || { rm -f /tmp/g22/RUNNING; touch /tmp/g22/DONE; }')" ] \
+        || return 0
+      continue
+    fi
+    k=$(( $(cat "$g/count" 2>/dev/null || echo 0) + 1 )); echo "$k" > "$g/count"
+    run_step "$k" "$spec"
   done
-  touch "$g/DONE"
 }
 
 case "$mode" in
-  start) mkdir -p /tmp/g22 && : > /tmp/g22/steps
+  start) mkdir -p /tmp/g22 && touch /tmp/g22/steps /tmp/g22/queue
     if [ "${2:-}" != - ]; then mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/; fi
-    setsid nohup bash "$0" session "${3:-vllm launchers}" > /tmp/g22/session.log 2>&1 < /dev/null &
-    sleep 2; cat /tmp/g22/steps ;;
-  session) cd "$ROOT" && session "${2:-}" ;;
+    steps="install ${3:-vllm launchers}"  # install: once per machine, a no-op after
+    spawn=$(flock /tmp/g22/lock bash -c 'printf "%s\n" $0 >> /tmp/g22/queue; rm -f /tmp/g22/DONE
+      [ -f /tmp/g22/RUNNING ] && echo no || { touch /tmp/g22/RUNNING; echo yes; }' "$steps")
+    [ "$spawn" = yes ] && setsid nohup bash "$0" session >> /tmp/g22/session.log 2>&1 < /dev/null &
+    sleep 2; cat /tmp/g22/steps; echo "queued: $(tr '\n' ' ' < /tmp/g22/queue)" ;;
+  session) cd "$ROOT" && session ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
       $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs \
