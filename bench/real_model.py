@@ -8,7 +8,8 @@ with just the number.`` through SmolLM2's chat template, reward 1 when the compl
 Cases (``--cases``, run at the same time as subprocesses on the one GPU, each with its own log):
 
 - ``distrl<i>``: ``distrl train`` (one actor and one learner sharing the GPU, full fine-tuning, HF engine,
-  ``--max_staleness 1``) with seed i; actor 0 evaluates every ``--eval_every`` versions (``eval.jsonl``).
+  ``--max_staleness 1``, weights by ``--weights_transport``, default ``shm``) with seed i; actor 0 evaluates
+  every ``--eval_every`` versions (``eval.jsonl``).
 - ``trl``: TRL's GRPOTrainer with the same model, prompts, reward, group size, batch, learning rate and
   completion length (``beta 0``, HF generate); a callback evaluates with the same engine code and problems.
 - ``unsloth``, ``qlora``, ``hflora``: ``distrl train --finetune lora`` with ``--backend unsloth`` (16-bit
@@ -69,7 +70,8 @@ def distrl_command(args, case: str, work: Path) -> list[str]:
            "--log_dir", str(work), "--run_name", case]
     if lora:
         return cmd + ["--finetune", "lora", "--lora_rank", "16", "--learning_rate", str(args.lora_lr), *LORA[case]]
-    return cmd + ["--finetune", "full", "--backend", "hf", "--learning_rate", str(args.lr)]
+    return cmd + ["--finetune", "full", "--backend", "hf", "--learning_rate", str(args.lr),
+                  "--weights_transport", args.weights_transport]
 
 
 def read_eval(path: Path) -> list[dict]:
@@ -322,6 +324,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", default="/tmp/real_model", help="run directories")
     parser.add_argument("--minutes", type=float, default=8.0, help="training minutes per case (the time cap)")
     parser.add_argument("--hard_s", type=float, default=900.0, help="stop a case after this many seconds regardless")
+    parser.add_argument("--weights_transport", default="shm", choices=["shm", "fs", "zmq", "nccl"],
+                        help="the full fine-tuning cases' (LoRA cases: fs)")
     parser.add_argument("--lr", type=float, default=2e-5, help="learning rate, full fine-tuning (distrl and TRL)")
     parser.add_argument("--lora_lr", type=float, default=2e-4, help="learning rate of the LoRA cases")
     parser.add_argument("--batch_size", type=int, default=32, help="prompts per policy version")

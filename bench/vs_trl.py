@@ -15,8 +15,9 @@ Workloads (``--workload``):
 Sides:
 
 - ``distrl``: ``distrl train`` as a user runs it on one GPU (its defaults; ``--engine hf --backend hf
-  --finetune full --max_staleness 1``: one actor and one learner sharing the GPU; ``--distrl_flags`` adds
-  more); the window is ``--versions`` policy versions after ``--warmup``, timed from the learner's
+  --finetune full --max_staleness 1``: one actor and one learner sharing the GPU, weights by
+  ``--weights_transport``, default ``shm``; ``--distrl_flags`` adds more); the window is ``--versions``
+  policy versions after ``--warmup``, timed from the learner's
   TensorBoard (``learner/policy_version`` wall times; tokens from ``learner/completion_tokens``).
 - ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
   by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
@@ -96,6 +97,7 @@ def distrl_side(args, model_dir: str, work: Path, out: Path) -> dict:
            "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
            "--group_size", str(args.group_size), "--max_steps", str(args.warmup + args.versions),
            "--engine", "hf", "--backend", "hf", "--finetune", "full", "--max_staleness", "1",
+           "--weights_transport", args.weights_transport,
            "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
            "--no_console", "--log_dir", str(work), "--run_name", "distrl", *args.distrl_flags.split()]
     how = run_process(cmd, out / "distrl.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
@@ -273,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
     parser.add_argument("--trl", default="hf,continuous",
                         help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
+    parser.add_argument("--weights_transport", default="shm", choices=["shm", "fs", "zmq", "nccl"],
+                        help="distrl's (shm: full weights through host shared memory, no file)")
     parser.add_argument("--distrl_flags", default="", help="more `distrl train` flags (one string)")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: fixed 128, variable 256")
     parser.add_argument("--batch_size", type=int, default=32, help="prompts per version (TRL: per step)")

@@ -102,7 +102,8 @@ def spans_nodes(nodes: dict[str, str], home: str) -> bool:
 def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView]):
     """``cfg`` with a --weights_transport: the user's, or ``fs`` when learner 0 and every actor see one run
     directory (one node, or a shared filesystem), else ``zmq``. Raises PreflightError (one line) for a
-    transport that reads the learner's directory (``fs``) when an actor's node does not see it."""
+    transport that reads the learner's directory (``fs``) when an actor's node does not see it, and for one
+    that needs every actor on the learner's host (``shm``) when an actor is on another node."""
     import dataclasses
 
     from distrl.weights import transport
@@ -118,6 +119,12 @@ def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView]):
                              f"on {views[learner].ip}, which {where} cannot see (no shared filesystem)",
                              "use --weights_transport zmq (the default when roles span nodes) or nccl, or leave "
                              "it unset (docs/multinode.md)")
+    other_hosts = sorted(role for role, node in nodes.items() if role.startswith("actor") and node != learner)
+    if other_hosts and transport(cfg.weights_transport).same_host_only:
+        where = ", ".join(f"{role} on {views[nodes[role]].ip}" for role in other_hosts)
+        raise PreflightError("--weights_transport", f"{cfg.weights_transport} copies weights through learner0's "
+                             f"host memory on {views[learner].ip}, and {where} run on other nodes",
+                             "use --weights_transport zmq or nccl across nodes (docs/weights.md)")
     return cfg
 
 

@@ -85,12 +85,13 @@ class SharedOptions:
     number_of_actors: Optional[int] = None
     """Rollout actors (each one generation engine); 0 is allowed with --learner_generates
     (unset: 1, or the first number of --gpu_split)."""
-    weights_transport: Optional[Literal["fs", "zmq", "nccl"]] = None
+    weights_transport: Optional[Literal["fs", "zmq", "nccl", "shm"]] = None
     """How actors get each version's weights: `fs` reads the learner's weight directory (a shared
     filesystem), `zmq` downloads it from the learner's weight endpoint (no shared filesystem), `nccl`
     broadcasts full weights from learner rank 0's device to every actor's (gloo on CPU; needs
-    --finetune full). Unset: `fs`; `distrl train` picks `zmq` when learner 0 and the actors run on Ray nodes
-    that share no filesystem (docs/multinode.md)."""
+    --finetune full), `shm` copies full weights through host shared memory (/dev/shm) to actors on the
+    learner's host, no file written (needs --finetune full). Unset: `fs`; `distrl train` picks `zmq` when
+    learner 0 and the actors run on Ray nodes that share no filesystem (docs/multinode.md)."""
     weights_broadcast_port: int = 5558
     """TCP port on learner rank 0's host where the `nccl` transport's group meets (`distrl train` picks a
     free one)."""

@@ -1,4 +1,4 @@
-"""Weights by policy version: the announcement protocol (:mod:`.base`) and its transports (fs, zmq, nccl).
+"""Weights by policy version: the announcement protocol (:mod:`.base`) and its transports (fs, zmq, nccl, shm).
 
 One interface whatever the transport: learner rank 0 holds a :class:`~distrl.weights.base.Publisher`
 (``publish(version, model)``, ``flush``, ``linger``, ``close``), an actor a
@@ -10,7 +10,7 @@ ask it instead of comparing names) and builds its two ends::
     loader = transport(cfg.weights_transport).loader(LoadOptions(endpoint, cache_dir, ...), subscriber)
 
 Importing this package is light (no zmq, Arrow or torch: config checks use it before a role starts);
-the other names below load their module on first use, and only the ``nccl`` backend imports torch.
+the other names below load their module on first use, and only the ``nccl`` and ``shm`` backends import torch.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Transport(ABC):
     full_weights_only: ClassVar[bool] = False  # carries full weights only (needs --finetune full)
     needs_actors: ClassVar[bool] = False  # a collective of the learner and a fixed set of >= 1 actors
     needs_broadcast_port: ClassVar[bool] = False  # its group meets on --weights_broadcast_port
+    same_host_only: ClassVar[bool] = False  # every actor must run on the learner's host
 
     @classmethod
     def publisher(cls, options: PublishOptions) -> Publisher:
@@ -121,7 +122,27 @@ class NcclTransport(Transport):
                                  subscriber.announcement)
 
 
-TRANSPORTS: dict[str, type[Transport]] = {t.name: t for t in (FsTransport, ZmqTransport, NcclTransport)}
+class ShmTransport(Transport):
+    """``shm``: full weights through host shared memory (/dev/shm), for actors on the learner's host."""
+
+    name = "shm"
+    full_weights_only = same_host_only = True
+
+    @classmethod
+    def publisher(cls, options: PublishOptions) -> Publisher:
+        from distrl.weights.shm import SharedMemoryPublisher
+
+        return SharedMemoryPublisher(run=str(Path(options.weights_dir).resolve()), pub_address=options.pub_address,
+                                     latest_address=options.latest_address)
+
+    @classmethod
+    def loader(cls, options: LoadOptions, subscriber: WeightSubscriber) -> Loader:
+        from distrl.weights.shm import SharedMemoryLoader
+
+        return SharedMemoryLoader(options.device or "cpu")
+
+
+TRANSPORTS: dict[str, type[Transport]] = {t.name: t for t in (FsTransport, ZmqTransport, NcclTransport, ShmTransport)}
 
 
 DEFAULT = "fs"  # an unset --weights_transport

@@ -25,12 +25,12 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from distrl.weights.base import Announcement, Loader, Publisher, WeightError
+from distrl.weights.flat import Layout, checksum
 
 TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -40,47 +40,6 @@ def _group(host: str, port: int, rank: int, world_size: int, device: torch.devic
     if device.type == "cuda":
         return dist.ProcessGroupNCCL(store, rank, world_size)
     return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
-
-
-def checksum(buffers: list[torch.Tensor]) -> str:
-    """``sum64:<n>``: the sum of every buffer's bytes read as int16 words, accumulated in int64 on device."""
-    total = sum(int(b.view(torch.int16).to(torch.int64).sum()) if b.element_size() % 2 == 0
-                else int(b.view(torch.uint8).to(torch.int64).sum()) for b in buffers)
-    return f"sum64:{total}"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where each named tensor lives in the flat buffers: (name, dtype, shape, buffer index, offset)."""
-
-    entries: tuple
-
-    @classmethod
-    def of(cls, named: list[tuple[str, torch.Tensor]]) -> "Layout":
-        offsets: dict[str, int] = {}
-        dtypes: list[str] = []
-        entries = []
-        for name, t in named:
-            dt = str(t.dtype).removeprefix("torch.")
-            if dt not in dtypes:
-                dtypes.append(dt)
-            entries.append((name, dt, tuple(t.shape), dtypes.index(dt), offsets.get(dt, 0)))
-            offsets[dt] = offsets.get(dt, 0) + t.numel()
-        return cls(tuple(entries))
-
-    def sizes(self) -> list[tuple[str, int]]:
-        """(dtype, numel) of each flat buffer, in index order."""
-        out: dict[int, tuple[str, int]] = {}
-        for _, dt, shape, idx, off in self.entries:
-            n = off + int(torch.Size(shape).numel())
-            out[idx] = (dt, max(n, out.get(idx, (dt, 0))[1]))
-        return [out[i] for i in sorted(out)]
-
-    def views(self, buffers: list[torch.Tensor]):
-        """Yield (name, tensor view into `buffers`)."""
-        for name, _, shape, idx, off in self.entries:
-            n = int(torch.Size(shape).numel())
-            yield name, buffers[idx][off:off + n].view(shape)
 
 
 class BroadcastSender:

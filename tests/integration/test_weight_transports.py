@@ -87,6 +87,25 @@ def test_full_weights_by_collective_broadcast_are_on_policy(tmp_path):
     assert "full, digest sum64:" in (run_dir / "logs" / "actor0.log").read_text()
 
 
+def test_full_weights_through_shared_memory_are_on_policy(tmp_path):
+    """--finetune full --weights_transport shm, max_staleness 0: the actors' recorded logprobs at version v
+    equal the learner's, so the weights copied through /dev/shm are exactly the learner's; the slots are
+    removed when the run ends."""
+    before = set(Path("/dev/shm").glob("distrl-weights-*"))
+    run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", "shm",
+               "--number_of_actors", "2", "--max_staleness", "0", "--max_steps", "4", "--batch_size", "4",
+               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--run_name", "shm"),
+        tmp_path)
+    run_dir = tmp_path / "shm"
+    check_run(run_dir, versions=4, max_staleness=0, actors=2)
+    mismatch = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
+    assert all(mismatch[step] < 1e-3 for step in range(2, 5)), mismatch
+    assert scalars(run_dir, "actor1", "actor/weight_mb_fetched")[4] > 0
+    assert "full, digest sum64:" in (run_dir / "logs" / "actor1.log").read_text()
+    assert not list((run_dir / "weights").glob("v*"))  # nothing went through the weight directory
+    assert set(Path("/dev/shm").glob("distrl-weights-*")) == before
+
+
 # slow: in-flight loads are test_engines.py::test_hf_inflight_update_switches_weights_between_decode_steps and
 # test_hf_fast.py::test_weight_loads_and_inflight_updates_match_the_engine_loop (tests/integration); the HF engine
 # through the whole stack is test_progress_guard.py, test_terminal.py and test_multinode.py (--engine hf).

@@ -37,6 +37,17 @@ def test_a_chosen_transport_is_kept_and_fs_across_nodes_refused():
     assert "actor0 on 10.0.0.2" in problem and "actor1" not in problem  # actor1 shares learner0's node
 
 
+def test_shm_is_refused_when_an_actor_is_on_another_node_even_with_a_shared_filesystem():
+    one_node = {role: "a" for role in NODES}
+    full = dict(weights_transport="shm", finetune="full")
+    assert settle_transport(TrainConfig(**full), one_node, {}).weights_transport == "shm"
+    with pytest.raises(PreflightError) as err:
+        settle_transport(TrainConfig(**full), NODES, SHARED)
+    problem = str(err.value).splitlines()[0]
+    assert problem.startswith("--weights_transport: shm copies weights through learner0's host memory on 10.0.0.1")
+    assert "actor0 on 10.0.0.2" in problem and "actor1" not in problem
+
+
 def test_spans_nodes_counts_the_driver():
     assert not spans_nodes({"buffer0": "a", "actor0": "a"}, "a")
     assert spans_nodes({"buffer0": "b", "actor0": "b"}, "a")  # every role elsewhere: the driver must reach them

@@ -75,6 +75,9 @@ def test_registry_matches_the_option_and_says_what_each_needs():
     nccl = transport("nccl")
     assert nccl.full_weights_only and nccl.needs_actors and nccl.needs_broadcast_port
     assert not any(transport(n).full_weights_only or transport(n).needs_actors for n in ("fs", "zmq"))
+    shm = transport("shm")
+    assert shm.full_weights_only and shm.same_host_only and not shm.needs_actors
+    assert not any(transport(n).same_host_only for n in ("fs", "zmq", "nccl"))
     assert transport(None) is transport("fs")  # an unset --weights_transport
     with pytest.raises(ValueError, match="unknown weights transport 'ftp'"):
         transport("ftp")

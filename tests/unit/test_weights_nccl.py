@@ -8,7 +8,8 @@ import socket
 import torch
 
 from distrl.weights import WeightError
-from distrl.weights.nccl import BroadcastReceiver, BroadcastSender, Layout, checksum
+from distrl.weights.flat import Layout, checksum
+from distrl.weights.nccl import BroadcastReceiver, BroadcastSender
 
 
 def free_port() -> int:
