@@ -88,12 +88,14 @@ def pct(values: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def phases(run_dir: Path, warmup: int) -> dict:
-    """Version times and the per-version split of one run (seconds; module docstring)."""
+def phases(run_dir: Path, warmup: int, count: int | None = None) -> dict:
+    """Version times and the per-version split of one run (seconds; module docstring): the versions after
+    `warmup`, the first `count` of them (None: all)."""
     learner = scalars(run_dir / "tb" / "learner0")
     gen = scalars(run_dir / "tb" / "actor0") or scalars(run_dir / "tb" / "learner0gen")
     walls = sorted((step, wall) for wall, step, _ in learner.get("learner/policy_version", []))
-    pairs = [(step, prev, wall) for (_, prev), (step, wall) in zip(walls, walls[1:]) if step > warmup]
+    last = warmup + count if count is not None else float("inf")
+    pairs = [(step, prev, wall) for (_, prev), (step, wall) in zip(walls, walls[1:]) if warmup < step <= last]
     if not pairs:
         return {"versions": 0}
     gaps, t0, t1, n = {s: w - p for s, p, w in pairs}, pairs[0][1], pairs[-1][2], len(pairs)

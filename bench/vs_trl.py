@@ -17,8 +17,9 @@ Sides:
 - ``distrl``: ``distrl train`` as a user runs it on one GPU (its defaults; ``--engine hf --backend hf
   --finetune full --max_staleness 1``: one actor and one learner sharing the GPU, weights by
   ``--weights_transport``, default ``shm``; ``--distrl_flags`` adds more); the window is ``--versions``
-  policy versions after ``--warmup``, timed from the learner's
-  TensorBoard (``learner/policy_version`` wall times; tokens from ``learner/completion_tokens``).
+  policy versions after ``--warmup``, timed from the learner's TensorBoard (``learner/policy_version`` wall
+  times; tokens from ``learner/completion_tokens``); one more version runs after it, since the learner writes
+  its final checkpoint inside the last (TRL's side saves none).
 - ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
   by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
   step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``continuous``
@@ -89,20 +90,22 @@ def prepare_model(args, work: Path) -> str:
 
 
 def distrl_side(args, model_dir: str, work: Path, out: Path) -> dict:
-    """`distrl train` to ``--warmup + --versions`` versions; completions/s and tokens/s over the window."""
+    """`distrl train` to ``--warmup + --versions + 1`` versions; completions/s and tokens/s over the window
+    of ``--versions`` after ``--warmup`` (the last version is left out: the learner writes the final
+    checkpoint inside it, and TRL's side saves none)."""
     run_dir = work / "distrl"
     shutil.rmtree(run_dir, ignore_errors=True)
     ray_tmp = tempfile.mkdtemp(prefix="vt", dir="/tmp")  # short: Ray's socket paths
     cmd = [sys.executable, "-m", "distrl", "train", "--model", model_dir, *task_flags(args),
            "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
-           "--group_size", str(args.group_size), "--max_steps", str(args.warmup + args.versions),
+           "--group_size", str(args.group_size), "--max_steps", str(args.warmup + args.versions + 1),
            "--engine", "hf", "--backend", "hf", "--finetune", "full", "--max_staleness", "1",
            "--weights_transport", args.weights_transport,
            "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
            "--no_console", "--log_dir", str(work), "--run_name", "distrl", *args.distrl_flags.split()]
     how = run_process(cmd, out / "distrl.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
     shutil.rmtree(ray_tmp, ignore_errors=True)
-    timed = phases(run_dir, args.warmup)
+    timed = phases(run_dir, args.warmup, args.versions)  # not the last: it also writes the final checkpoint
     if not timed.get("versions"):
         return {"side": "distrl", "how": how, "command": " ".join(cmd[2:])}
     n, wall = timed["versions"], sum(timed["times"])

@@ -9,8 +9,8 @@ those nodes, with one small Ray task pinned to it (:func:`probe_nodes`), what a 
   driver's ``--model`` directory (same file names and sizes);
 * two free TCP ports (learner rank 0's node: the learners' process group and the nccl broadcast group).
 
-From that, :func:`settle_transport` picks the weight transport (``fs`` when learner 0 and the actors see one
-run directory, else ``zmq``) or refuses a ``fs`` the user picked that cannot work; :class:`ModelFiles` ships
+From that, :func:`settle_transport` picks the weight transport (``shm`` when the actors run on learner 0's node,
+the driver's, for full fine-tuning; else ``fs`` when learner 0 and the actors see one run directory, else ``zmq``) or refuses a ``fs`` the user picked that cannot work; :class:`ModelFiles` ships
 a ``--model`` directory of the driver's node through Ray's object store to roles on nodes that lack it;
 :class:`Gatherer` copies what the roles on such nodes write (their logs, TensorBoard events, role files,
 actor 0's eval.jsonl) into the driver's run directory, periodically and at the end; :func:`curve_keys` keys
@@ -99,9 +99,17 @@ def spans_nodes(nodes: dict[str, str], home: str) -> bool:
     return len(set(nodes.values()) | {home}) > 1
 
 
-def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView]):
-    """``cfg`` with a --weights_transport: the user's, or ``fs`` when learner 0 and every actor see one run
-    directory (one node, or a shared filesystem), else ``zmq``. Raises PreflightError (one line) for a
+def weight_file_bytes(model_dir: str | None) -> int:
+    """Bytes of the weight files (safetensors, bin, pt) under ``model_dir``; 0 when it is no directory here."""
+    manifest = model_manifest(model_dir) if model_dir else None
+    return sum(size for name, size in (manifest or {}).items() if name.endswith((".safetensors", ".bin", ".pt")))
+
+
+def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView], local_model: str | None = None):
+    """``cfg`` with a --weights_transport: the user's, or by default ``shm`` when every actor runs on learner 0's
+    node, that node is this one (`local_model`: the model directory here), the run fine-tunes full weights and
+    /dev/shm here has room for them; else ``fs`` when learner 0 and every actor see one run directory (one node,
+    or a shared filesystem), else ``zmq``. Raises PreflightError (one line) for a
     transport that reads the learner's directory (``fs``) when an actor's node does not see it, and for one
     that needs every actor on the learner's host (``shm``) when an actor is on another node."""
     import dataclasses
@@ -112,7 +120,10 @@ def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView]):
     apart = sorted(role for role, node in nodes.items() if role.startswith("actor") and node != learner
                    and not (views[node].shares_run_dir and views[learner].shares_run_dir))
     if cfg.weights_transport is None:
-        return dataclasses.replace(cfg, weights_transport="zmq" if apart else "fs")
+        with_learner = all(node == learner for role, node in nodes.items() if role.startswith("actor"))
+        shm = (with_learner and local_model is not None and cfg.finetune == "full"
+               and transport("shm").has_room(weight_file_bytes(local_model)))
+        return dataclasses.replace(cfg, weights_transport="zmq" if apart else "shm" if shm else "fs")
     if apart and transport(cfg.weights_transport).needs_shared_filesystem:
         where = ", ".join(f"{role} on {views[nodes[role]].ip}" for role in apart)
         raise PreflightError("--weights_transport", f"{cfg.weights_transport} reads learner0's weight directory "
@@ -311,13 +322,13 @@ def plan_nodes(cfg, run_dir: Path, model_dir: str, placement) -> NodePlan:
 
     nodes, roles = placement.nodes, list(placement.nodes)
     if not spans_nodes(nodes, placement.home):
-        cfg = settle_transport(cfg, nodes, {})
+        cfg = settle_transport(cfg, nodes, {}, local_model=model_dir)
         (run_dir / "config.json").write_text(cfg.to_json())
         hosts = dict.fromkeys(roles, cfg.host)
         return NodePlan(cfg, dict.fromkeys(roles, cfg), dict.fromkeys(roles, model_dir), hosts,
                         keys=curve_keys(cfg, hosts))
     views = probe_nodes(set(nodes.values()) | {placement.home}, run_dir, model_dir)
-    cfg = settle_transport(cfg, nodes, views)
+    cfg = settle_transport(cfg, nodes, views, local_model=model_dir if nodes["learner0"] == placement.home else None)
     learner = views[nodes["learner0"]]
     from distrl.weights import transport
 

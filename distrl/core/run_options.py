@@ -90,8 +90,10 @@ class SharedOptions:
     filesystem), `zmq` downloads it from the learner's weight endpoint (no shared filesystem), `nccl`
     broadcasts full weights from learner rank 0's device to every actor's (gloo on CPU; needs
     --finetune full), `shm` copies full weights through host shared memory (/dev/shm) to actors on the
-    learner's host, no file written (needs --finetune full). Unset: `fs`; `distrl train` picks `zmq` when
-    learner 0 and the actors run on Ray nodes that share no filesystem (docs/multinode.md)."""
+    learner's host, no file written (needs --finetune full). Unset: `distrl train` picks `shm` for
+    --finetune full when every actor runs on learner 0's node, the driver's, and /dev/shm there has room,
+    `zmq` when learner 0 and the actors run on Ray nodes that share no filesystem, else `fs`; the separate
+    launchers take `fs` (docs/weights.md, docs/multinode.md)."""
     weights_broadcast_port: int = 5558
     """TCP port on learner rank 0's host where the `nccl` transport's group meets (`distrl train` picks a
     free one)."""

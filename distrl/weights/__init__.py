@@ -16,6 +16,7 @@ the other names below load their module on first use, and only the ``nccl`` and 
 from __future__ import annotations
 
 import importlib
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,17 @@ class ShmTransport(Transport):
 
     name = "shm"
     full_weights_only = same_host_only = True
+    directory: ClassVar[str] = "/dev/shm"
+
+    @classmethod
+    def has_room(cls, weight_file_bytes: int) -> bool:
+        """Whether this host's /dev/shm can hold the two slots of a model whose weight files take
+        `weight_file_bytes` (counted twice over: parameters may be fp32 where the files are bf16)."""
+        try:
+            st = os.statvfs(cls.directory)
+        except OSError:
+            return False
+        return 0 < 4 * weight_file_bytes <= st.f_bavail * st.f_frsize
 
     @classmethod
     def publisher(cls, options: PublishOptions) -> Publisher:

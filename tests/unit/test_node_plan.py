@@ -27,6 +27,21 @@ def test_unset_transport_is_fs_on_one_node_or_a_shared_filesystem_else_zmq():
     assert settle_transport(TrainConfig(), NODES, APART).weights_transport == "zmq"
 
 
+def test_unset_transport_is_shm_for_full_weights_when_the_actors_share_this_node_and_dev_shm_has_room(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 4096)
+    (model / "config.json").write_text("{}")
+    one_node = {role: "a" for role in NODES}
+    full = TrainConfig(finetune="full")
+    assert settle_transport(full, one_node, {}, local_model=str(model)).weights_transport == "shm"
+    assert settle_transport(TrainConfig(), one_node, {}, local_model=str(model)).weights_transport == "fs"  # LoRA
+    assert settle_transport(full, one_node, {}).weights_transport == "fs"  # learner 0 on another node
+    assert settle_transport(full, NODES, SHARED, local_model=str(model)).weights_transport == "fs"  # actor0 apart
+    (model / "model.safetensors").unlink()
+    assert settle_transport(full, one_node, {}, local_model=str(model)).weights_transport == "fs"  # size unknown
+
+
 def test_a_chosen_transport_is_kept_and_fs_across_nodes_refused():
     assert settle_transport(TrainConfig(weights_transport="zmq"), NODES, APART).weights_transport == "zmq"
     assert settle_transport(TrainConfig(weights_transport="fs"), NODES, SHARED).weights_transport == "fs"
