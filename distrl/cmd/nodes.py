@@ -12,9 +12,10 @@ those nodes, with one small Ray task pinned to it (:func:`probe_nodes`), what a 
 From that, :func:`settle_transport` picks the weight transport (``shm`` when the actors run on learner 0's node,
 the driver's, for full fine-tuning; else ``fs`` when learner 0 and the actors see one run directory, else
 ``zmq``) or refuses a transport the user picked that cannot work; :class:`ModelFiles` ships a ``--model``
-directory of the driver's node through Ray's object store to roles on nodes that lack it; :class:`Gatherer` copies what the roles on such nodes write (their logs, TensorBoard events, role files,
-actor 0's eval.jsonl) into the driver's run directory, periodically and at the end; :func:`curve_keys` keys
-the run (CURVE) when a role binds off loopback. No role ever reads a
+directory of the driver's node through Ray's object store to roles on nodes that lack it; :class:`Gatherer`
+copies what the roles on such nodes write (their logs, TensorBoard events, role files, actor 0's eval.jsonl)
+into the driver's run directory, periodically and at the end; :func:`curve_keys` keys the run (CURVE) when a
+role binds off loopback. No role ever reads a
 file written on another node: each writes under the run directory's path *on its own node*, which is where
 its segments (buffer) and checkpoints (learner rank 0) stay.
 """
