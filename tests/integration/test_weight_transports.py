@@ -72,37 +72,25 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
     assert (dirs["buffer"] / "run" / "segments").is_dir()
 
 
-def test_full_weights_by_collective_broadcast_are_on_policy(tmp_path):
-    """--finetune full --weights_transport nccl (gloo on CPU), max_staleness 0: what the actors recorded at
-    version v equals the learner's logprobs at version v, so the broadcast weights are exactly the learner's."""
-    run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", "nccl",
-               "--number_of_actors", "2", "--max_staleness", "0", "--max_steps", "4", "--batch_size", "4",
-               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--run_name", "bcast"),
-        tmp_path)
-    run_dir = tmp_path / "bcast"
-    check_run(run_dir, versions=4, max_staleness=0, actors=2)
-    mismatch = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
-    assert all(mismatch[step] < 1e-3 for step in range(2, 5)), mismatch
-    assert scalars(run_dir, "actor0", "actor/weight_mb_fetched")[4] > 0  # bytes came through the broadcast
-    assert "full, digest sum64:" in (run_dir / "logs" / "actor0.log").read_text()
-
-
-def test_full_weights_through_shared_memory_are_on_policy(tmp_path):
-    """--finetune full --weights_transport shm, max_staleness 0: the actors' recorded logprobs at version v
-    equal the learner's, so the weights copied through /dev/shm are exactly the learner's; the slots are
+@pytest.mark.parametrize("transport", ["nccl", "shm"])
+def test_full_weights_as_tensors_are_on_policy(tmp_path, transport):
+    """--finetune full, max_staleness 0, weights broadcast (`nccl`: gloo on CPU) or copied through /dev/shm
+    (`shm`): what the actors recorded at version v equals the learner's logprobs at version v, so the weights
+    they received are exactly the learner's; nothing goes through the weight directory, and `shm`'s slots are
     removed when the run ends."""
     before = set(Path("/dev/shm").glob("distrl-weights-*"))
-    run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", "shm",
+    run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", transport,
                "--number_of_actors", "2", "--max_staleness", "0", "--max_steps", "4", "--batch_size", "4",
-               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--run_name", "shm"),
+               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--run_name", transport),
         tmp_path)
-    run_dir = tmp_path / "shm"
+    run_dir = tmp_path / transport
     check_run(run_dir, versions=4, max_staleness=0, actors=2)
     mismatch = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
     assert all(mismatch[step] < 1e-3 for step in range(2, 5)), mismatch
-    assert scalars(run_dir, "actor1", "actor/weight_mb_fetched")[4] > 0
-    assert "full, digest sum64:" in (run_dir / "logs" / "actor1.log").read_text()
-    assert not list((run_dir / "weights").glob("v*"))  # nothing went through the weight directory
+    for actor in ("actor0", "actor1"):
+        assert scalars(run_dir, actor, "actor/weight_mb_fetched")[4] > 0  # bytes came through the transport
+        assert "full, digest sum64:" in (run_dir / "logs" / f"{actor}.log").read_text()
+    assert not list((run_dir / "weights").glob("v*"))
     assert set(Path("/dev/shm").glob("distrl-weights-*")) == before
 
 
