@@ -27,7 +27,8 @@ def test_smoke_times_the_distrl_side(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == summary  # the last line: the same JSON
     distrl = summary["sides"][0]
     assert distrl["side"] == "distrl" and distrl["how"] == "exited 0" and distrl["steps"] == 2
-    assert "--task half_vocab" in distrl["command"] and "--max_steps 3" in distrl["command"]
+    # 1 warm-up + 2 timed versions + the last one (it writes the final checkpoint: outside the window)
+    assert "--task half_vocab" in distrl["command"] and "--max_steps 4" in distrl["command"]
     # 2 versions x 4 prompts x 2 completions of exactly 5 tokens (the tiny model never stops early at 5)
     assert math.isclose(distrl["completions_per_s"], 16 / distrl["wall_s"], rel_tol=0.01)
     assert distrl["mean_completion_tokens"] == 5.0
