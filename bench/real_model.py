@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from distrl.weights import TRANSPORTS
+
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "What is {question}? Answer with just the number."
 TASK_FLAGS = ["--task", "arith", "--arith_ops", "+-", "--arith_max_operand", "99", "--prompt_template", TEMPLATE]
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", default="/tmp/real_model", help="run directories")
     parser.add_argument("--minutes", type=float, default=8.0, help="training minutes per case (the time cap)")
     parser.add_argument("--hard_s", type=float, default=900.0, help="stop a case after this many seconds regardless")
-    parser.add_argument("--weights_transport", default="shm", choices=["shm", "fs", "zmq", "nccl"],
+    parser.add_argument("--weights_transport", default="shm", choices=sorted(TRANSPORTS),
                         help="the full fine-tuning cases' (LoRA cases: fs)")
     parser.add_argument("--lr", type=float, default=2e-5, help="learning rate, full fine-tuning (distrl and TRL)")
     parser.add_argument("--lora_lr", type=float, default=2e-4, help="learning rate of the LoRA cases")

@@ -54,6 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.real_workload import phases, scalars  # noqa: E402
+from distrl.weights import TRANSPORTS  # noqa: E402
 
 TRL_VARIANTS = {"hf": {}, "continuous": {"use_transformers_continuous_batching": True},
                 "static": {"cache_implementation": "static"}}
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
     parser.add_argument("--trl", default="hf,continuous",
                         help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
-    parser.add_argument("--weights_transport", default="shm", choices=["shm", "fs", "zmq", "nccl"],
+    parser.add_argument("--weights_transport", default="shm", choices=sorted(TRANSPORTS),
                         help="distrl's (shm: full weights through host shared memory, no file)")
     parser.add_argument("--distrl_flags", default="", help="more `distrl train` flags (one string)")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: fixed 128, variable 256")

@@ -118,11 +118,11 @@ def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView], loc
     from distrl.weights import transport
 
     learner = nodes["learner0"]
-    apart = sorted(role for role, node in nodes.items() if role.startswith("actor") and node != learner
-                   and not (views[node].shares_run_dir and views[learner].shares_run_dir))
+    other_hosts = sorted(role for role, node in nodes.items() if role.startswith("actor") and node != learner)
+    apart = [role for role in other_hosts
+             if not (views[nodes[role]].shares_run_dir and views[learner].shares_run_dir)]
     if cfg.weights_transport is None:
-        with_learner = all(node == learner for role, node in nodes.items() if role.startswith("actor"))
-        shm = (with_learner and local_model is not None and cfg.finetune == "full"
+        shm = (not other_hosts and local_model is not None and cfg.finetune == "full"
                and transport("shm").has_room(weight_file_bytes(local_model)))
         return dataclasses.replace(cfg, weights_transport="zmq" if apart else "shm" if shm else "fs")
     if apart and transport(cfg.weights_transport).needs_shared_filesystem:
@@ -131,7 +131,6 @@ def settle_transport(cfg, nodes: dict[str, str], views: dict[str, NodeView], loc
                              f"on {views[learner].ip}, which {where} cannot see (no shared filesystem)",
                              "use --weights_transport zmq (the default when roles span nodes) or nccl, or leave "
                              "it unset (docs/multinode.md)")
-    other_hosts = sorted(role for role, node in nodes.items() if role.startswith("actor") and node != learner)
     if other_hosts and transport(cfg.weights_transport).same_host_only:
         where = ", ".join(f"{role} on {views[nodes[role]].ip}" for role in other_hosts)
         raise PreflightError("--weights_transport", f"{cfg.weights_transport} copies weights through learner0's "

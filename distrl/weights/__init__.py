@@ -128,7 +128,7 @@ class ShmTransport(Transport):
 
     name = "shm"
     full_weights_only = same_host_only = True
-    directory: ClassVar[str] = "/dev/shm"
+    directory: ClassVar[str] = "/dev/shm"  # where the slots live (distrl.weights.shm.SHM_DIR)
 
     @classmethod
     def has_room(cls, weight_file_bytes: int) -> bool:

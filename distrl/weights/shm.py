@@ -36,7 +36,7 @@ from distrl.weights.flat import Layout, checksum
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = "/dev/shm"  # distrl.weights.ShmTransport.directory (checked for room there, without torch)
 SLOTS = 2
 MAGIC = 0x64697374726C5731  # "distrlW1"
 HEADER = 64
