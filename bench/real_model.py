@@ -14,6 +14,8 @@ Cases (``--cases``, run at the same time as subprocesses on the one GPU, each wi
   completion length (``beta 0``, HF generate); a callback evaluates with the same engine code and problems.
 - ``unsloth``, ``qlora``, ``hflora``: ``distrl train --finetune lora`` with ``--backend unsloth`` (16-bit
   LoRA), ``--backend unsloth --load_in_4bit`` (QLoRA) and ``--backend hf`` (LoRA through peft).
+- ``vllm``, ``vllm_lora``: ``distrl1`` and ``hflora`` with ``--engine vllm --gpu_memory_utilization 0.2``
+  (vLLM for CUDA, issue 22).
 
 Clocks: a case's training time excludes its start-up (before the version-0 evaluation) and every
 evaluation; a case is stopped (SIGINT to ``distrl train``) once its training time passes ``--minutes``.
@@ -62,16 +64,18 @@ def train_seconds(lines: list[dict]) -> list[tuple[float, int, float]]:
 
 def distrl_command(args, case: str, work: Path) -> list[str]:
     """The `distrl train` command line of a distrl case (distrl<seed>, unsloth, qlora, hflora)."""
-    lora = case in LORA
+    lora = case in LORA or case == "vllm_lora"
     seed = case[len("distrl"):] if case.startswith("distrl") else "1"
+    engine = ["vllm", "--gpu_memory_utilization", "0.2"] if case.startswith("vllm") else ["hf"]
     cmd = [sys.executable, "-m", "distrl", "train", "--model", args.model, *TASK_FLAGS,
            "--max_new_tokens", str(args.max_new_tokens), "--batch_size", str(args.batch_size),
-           "--group_size", str(args.group_size), "--engine", "hf", "--max_staleness", "1",
+           "--group_size", str(args.group_size), "--engine", *engine, "--max_staleness", "1",
            "--eval_every", str(args.eval_every), "--eval_size", str(args.eval_size), "--max_steps", "100000",
            "--checkpoint_every", "0", "--export_final", "off", "--no_console", "--seed", seed,
            "--log_dir", str(work), "--run_name", case]
     if lora:
-        return cmd + ["--finetune", "lora", "--lora_rank", "16", "--learning_rate", str(args.lora_lr), *LORA[case]]
+        return cmd + ["--finetune", "lora", "--lora_rank", "16", "--learning_rate", str(args.lora_lr),
+                      *LORA.get(case, ["--backend", "hf"])]
     return cmd + ["--finetune", "full", "--backend", "hf", "--learning_rate", str(args.lr),
                   "--weights_transport", args.weights_transport]
 
@@ -234,7 +238,8 @@ def summarize(results: dict[str, dict]) -> dict:
                     "distrl_time_to_target_s": times, "trl_time_to_target_s": trl_time,
                     "trl_cap_s": trl[-1][0] if trl else None,
                     "vs_trl_time_to_accuracy": round(trl_time / mean(reached), 3) if trl_time and reached else None})
-    for key, case in (("unsloth_lora_gain", "unsloth"), ("qlora_gain", "qlora"), ("hf_lora_gain", "hflora")):
+    for key, case in (("unsloth_lora_gain", "unsloth"), ("qlora_gain", "qlora"), ("hf_lora_gain", "hflora"),
+                      ("vllm_gain", "vllm"), ("vllm_lora_gain", "vllm_lora")):
         if case in gain:
             out[key] = round(gain[case], 4)
     if "qlora" in results:

@@ -16,6 +16,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory).
+- ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
+  first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
     python -m bench.variable_length --out DIR [--cases continuous,decode]   (CUDA)
     python -m bench.variable_length --smoke --out DIR                     (a tiny model on CPU: the logic)
@@ -85,8 +87,9 @@ def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) 
     return batch / (gemm_s + attn_s), formula
 
 
-def make_sampler(model, cuda: bool):
-    """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget)."""
+def make_sampler(model, cuda: bool, dynamic: bool = True):
+    """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
+    ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference)."""
     import torch
 
     from rollout.engines.hf_continuous import ContinuousSampler
@@ -94,7 +97,7 @@ def make_sampler(model, cuda: bool):
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
                              generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
-                             compile_step=cuda)
+                             compile_step=cuda, compile_dynamic=dynamic)
 
 
 def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
@@ -185,7 +188,7 @@ def case_profile(model, args, cuda: bool) -> dict:
         for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
             pass
         st = sampler._states[batch]
-        graph = st.graphs.get((temperature == 0, batch))
+        graph = st.graphs.get(batch)
         if graph is None:  # CPU (--smoke): nothing captured
             continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -199,7 +202,7 @@ def case_profile(model, args, cuda: bool) -> dict:
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):
-            sampler._decode_fn(model, st, False, batch)
+            sampler._decode_fn(model, st, st.index[:batch])
         if cuda:
             torch.cuda.synchronize()
     sort = "cuda_time_total" if cuda else "cpu_time_total"
@@ -207,6 +210,43 @@ def case_profile(model, args, cuda: bool) -> dict:
     (args.out / f"profile_b{batch}.txt").write_text(table)
     print(table, flush=True)
     res["batch"], res["table"] = batch, f"profile_b{batch}.txt"
+    return res
+
+
+def case_compile(model, args, cuda: bool) -> dict:
+    """The decode step compiled with symbolic sizes (the default) against compiled per shape, side by side:
+    seconds of a first call of B rows (compile + capture), then of a call of B/4 rows and longer budgets (a new
+    state: compiled again per shape, only captured with symbolic sizes), and ms a step of B rows (the captured
+    graph replayed 50 times)."""
+    import torch
+
+    batch = max(args.batches)
+    rows = random_rows(batch, model.config.vocab_size, seed=3)
+    res = {}
+    for name, dynamic in (("dynamic", True), ("static", False)):
+        torch._dynamo.reset()
+        sampler = make_sampler(model, cuda, dynamic)
+        first = timed_run(sampler, rows, [32] * batch, batch, static=False)[0]
+        other = timed_run(sampler, rows[: batch // 4], [96] * (batch // 4), batch // 4, static=False)[0]
+        st = sampler._states[batch]
+        step_ms = None
+        if cuda:
+            graph = st.graphs[batch]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            step_ms = round(start.elapsed_time(end) / 50, 3)
+        res[name] = dict(first_call_s=round(first, 2), new_state_call_s=round(other, 2), step_ms=step_ms)
+        print(f"compile {name}: {res[name]}", flush=True)
+        del sampler, st
+        if cuda:
+            torch.cuda.empty_cache()
+    if cuda:
+        res["step_ms_dynamic_over_static"] = round(res["dynamic"]["step_ms"] / res["static"]["step_ms"], 3)
+    res["batch"] = batch
     return res
 
 
@@ -225,7 +265,8 @@ def summary(res: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory of variable_length.json")
-    p.add_argument("--cases", default="continuous,decode", help="continuous, decode, profile (comma-separated)")
+    p.add_argument("--cases", default="continuous,decode",
+                   help="continuous, decode, profile, compile (comma-separated)")
     p.add_argument("--rows", type=int, default=2048, help="continuous: rows (completions)")
     p.add_argument("--slots", type=int, default=256, help="continuous: rows decoded at once (the static batch)")
     p.add_argument("--median", type=float, default=150.0, help="continuous: median completion length, tokens")
@@ -252,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "errors": {}}
-    for name, fn in (("continuous", case_continuous), ("decode", case_decode), ("profile", case_profile)):
+    for name, fn in (("continuous", case_continuous), ("decode", case_decode), ("profile", case_profile),
+                     ("compile", case_compile)):
         if name in args.cases.split(","):
             try:
                 res[name] = fn(model, args, cuda)
@@ -260,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 res["errors"][name] = f"{type(exc).__name__}: {exc}"[-1500:]
             res["summary"] = summary(res)
             (args.out / "variable_length.json").write_text(json.dumps(res, indent=1))
-    for name in ("continuous", "decode", "profile"):
+    for name in ("continuous", "decode", "profile", "compile"):
         print(f"{name}: {json.dumps(res.get(name))}")
     print(json.dumps(res["summary"] | {"errors": res["errors"]}))
     return 1 if res["errors"] else 0

@@ -49,7 +49,7 @@ from learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
-from learn.logprobs import head_impl, token_logprobs
+from learn.logprobs import head_impl, token_logprobs, warm_up
 from learn.losses import LossConfig, Normalizer, policy_loss
 from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context
 from learn.optim import build_optimizer
@@ -132,6 +132,8 @@ class Learner:
             torch.backends.cuda.matmul.allow_tf32 = True
         self.head_impl, why = head_impl(cfg.learner_head, self.head, cfg.temperature)
         log.info("learner%d: LM head %s (%s)", rank, self.head_impl, why)
+        warm_up(self.head, self.model.config.get_text_config().hidden_size, self.params[0].dtype, cfg.temperature,
+                cfg.learner_head_chunk_tokens, self.head_impl)  # CUDA: compiles while the actors start
         broadcast_params(self.params, world_size)
         self.optimizer, self.scheduler = build_optimizer(self.params, cfg.learning_rate, cfg.lr_warmup_steps,
                                                          cfg.max_steps, cfg.lr_schedule)

@@ -388,3 +388,19 @@ def _chunked_token_logprobs(flat_hidden, lm_head, params, flat_targets, temperat
         logps.append(logp)
         entropies.append(entropy)
     return torch.cat(logps), (torch.cat(entropies) if return_entropy else None)
+
+
+def warm_up(lm_head: torch.nn.Module | torch.Tensor, hidden_size: int, dtype: torch.dtype, temperature: float,
+            chunk_tokens: int, impl: str) -> None:
+    """Compile the head's fused passes (:func:`_fused`, symbolic sizes) now, on 64 positions of zeros, forward
+    and backward, so a learner on CUDA compiles them while its actors start and sample instead of in its first
+    version (about 5 s of a SmolLM2 run's first version on an H200). No parameter's ``.grad`` is touched
+    (``torch.autograd.grad`` on the hidden states only); a no-op off CUDA, where nothing compiles."""
+    params = _head_params(lm_head)
+    weight = params[0] if params is not None else next(lm_head.parameters())
+    if not weight.is_cuda:
+        return
+    hidden = torch.zeros((1, 64, hidden_size), dtype=dtype, device=weight.device, requires_grad=True)
+    targets = torch.arange(64, device=weight.device).unsqueeze(0) % weight.shape[0]
+    logprobs, _ = token_logprobs(hidden, lm_head, targets, temperature, chunk_tokens, return_entropy=True, impl=impl)
+    torch.autograd.grad(logprobs.sum(), hidden)

@@ -23,7 +23,7 @@ Loop (:meth:`ContinuousSampler.run`):
    ``index_put_``, which torch.compile keeps in place (a ``scatter_`` into the cache made inductor copy the
    whole cache). (flex_attention over each slot's own K/V blocks was measured instead: 2.6x slower a step
    on an H200, BENCHMARKS.md, 2026-12-02.)
-   On CUDA the step is captured once in a graph (and optionally compiled), as in
+   On CUDA the step is captured once in a graph (and optionally compiled, once for every slot count), as in
    :mod:`rollout.engines.hf_fast`; admitting rows copies into the same buffers, so the graph stays valid.
 3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): a snapshot
    of the slots' outputs is copied to the host (non-blocking, an event behind it); the rows it shows ended
@@ -44,8 +44,9 @@ Loop (:meth:`ContinuousSampler.run`):
    (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
    move below it first (their K/V in every layer and their per-slot buffers, copied on the device). A call's
    last rows then no longer pay for B slots a step: issue 23's schedule of 2,048 rows in 256 slots spends
-   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more compiled shape and
-   graph, made the first time a tail reaches it.
+   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more captured graph, made the
+   first time a tail reaches it; the compiled step is shared (its slot count is a symbolic size:
+   :func:`rollout.engines.hf_fast.compiled_step`).
 
 Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
 weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
@@ -67,6 +68,7 @@ from rollout.engines.hf_fast import (
     ATTENTION,
     PAD_MULTIPLE,
     _round_up,
+    compiled_step,
     grouped_attention,
     has_mm_out_dtype,
     head_logits,
@@ -82,7 +84,7 @@ MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (Continu
 
 def buckets(b: int) -> list[int]:
     """The slot counts a decode step of B slots runs, largest first: B, then quarters while at least MIN_BUCKET
-    (each is one more compiled shape and graph on CUDA, made the first time a call's tail reaches it)."""
+    (each is one more captured graph on CUDA, made the first time a call's tail reaches it)."""
     out = [b]
     while out[-1] // 4 >= MIN_BUCKET:
         out.append(out[-1] // 4)
@@ -105,12 +107,12 @@ class ContinuousSampler:
     """Samples rows in ``slots`` slots, refilled as rows end (see the module docstring).
 
     Args: as :class:`rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
-    cuda_graphs, interval, compile_step). Raises ValueError for cuda_graphs off CUDA or a model with
+    cuda_graphs, interval, compile_step, compile_dynamic). Raises ValueError for cuda_graphs off CUDA or a model with
     sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
-                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False):
+                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -123,11 +125,9 @@ class ContinuousSampler:
         self.cuda_graphs, self.interval = cuda_graphs, interval
         self.captures = 0
         self._states: dict[int, SlotState] = {}  # slot count -> its state (see _prepare)
-        self.states_made = 0  # states allocated so far (each a new compiled shape and graph capture on CUDA)
+        self.states_made = 0  # states allocated so far (each new graph captures on CUDA)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
-        self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
-        if compile_step:  # one compiled step per (state, greedy, bucket): more than dynamo's default of 8
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self._decode_fn = compiled_step(self._decode, compile_step, compile_dynamic)
 
     def reset(self) -> None:
         """Drop the captured graphs; call after the model's modules (not only their values) changed."""
@@ -152,8 +152,7 @@ class ContinuousSampler:
         b = min(slots or len(rows), len(rows))
         st = self._prepare(model, b, _round_up(max(map(len, rows)), PAD_MULTIPLE) +
                            _round_up(max(budget), PAD_MULTIPLE), _round_up(max(budget), PAD_MULTIPLE))
-        greedy = temperature == 0
-        st.temperature.fill_(temperature if temperature > 0 else 1.0)
+        st.temperature.fill_(temperature)
         waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
         admitted = [0] * b  # the interval each slot's current row was admitted in
         st.done.fill_(True)
@@ -166,12 +165,12 @@ class ContinuousSampler:
                 for s, r in zip(free, taken):
                     owner[s], started[r], admitted[s] = r, stamp(), k
                 with _grouped(model):
-                    self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken], greedy)
+                    self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken])
             if all(o < 0 for o in owner):
                 return
             with _grouped(model):
                 while True:
-                    self._step(model, st, greedy, n)
+                    self._step(model, st, n)
                     t += 1
                     if t % self.interval == 0:
                         break
@@ -250,7 +249,7 @@ class ContinuousSampler:
         training calls' and the evaluations'), reused while it is large enough: positions past a row's own
         are masked and columns past its budget unused, so a longer state gives the same rows. A call that
         needs more grows it to the larger of both sizes, so a run's varying prompt lengths cost a new state
-        (a torch.compile shape and a graph capture) only when the longest so far grows.
+        (new buffers and graph captures; no compilation) only when the longest so far grows.
         """
         st = self._states.pop(b, None)
         if st is not None and st.valid.shape[1] >= length and st.tokens.shape[1] >= s + 1:
@@ -274,8 +273,7 @@ class ContinuousSampler:
         self.states_made += 1
         return st
 
-    def _admit(self, model, st: SlotState, slots: list[int], rows: list[list[int]], budget: list[int],
-               greedy: bool) -> None:
+    def _admit(self, model, st: SlotState, slots: list[int], rows: list[list[int]], budget: list[int]) -> None:
         """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token."""
         dev = st.tok.device
         k, q = len(rows), max(map(len, rows))
@@ -296,7 +294,7 @@ class ContinuousSampler:
         finally:
             st.prefill_slots = None
         h = out.last_hidden_state[torch.arange(k, device=dev), lens - 1]  # (k, hidden): each last prompt token
-        tok, lp = pick(head_logits(model, h, self._mm_fp32), None if greedy else st.temperature, self.generator)
+        tok, lp = pick(head_logits(model, h, self._mm_fp32), st.temperature, self.generator)
         active = rows_budget > 0
         tok = torch.where(active, tok, self.pad_id)
         st.valid[index] = torch.arange(st.valid.shape[1], device=dev)[None, :] < lens[:, None]
@@ -312,15 +310,17 @@ class ContinuousSampler:
         st.tok[index] = tok
         st.pos[index] = lens
 
-    def _decode(self, model, st: SlotState, greedy: bool, n: int) -> None:
-        """One decode step of the first ``n`` slots on the static buffers (what the graph records)."""
-        rows, pos, done, lengths = torch.arange(n, device=st.pos.device), st.pos[:n], st.done[:n], st.lengths[:n]
+    def _decode(self, model, st: SlotState, rows: torch.Tensor) -> None:
+        """One decode step of the first n slots on the static buffers (what the graph records); ``rows`` is
+        ``st.index[:n]``, so n is a tensor size (symbolic under torch.compile), not a constant."""
+        n = rows.shape[0]
+        pos, done, lengths = st.pos[:n], st.done[:n], st.lengths[:n]
         # the writes into the cache and the outputs are index_put_: in place under torch.compile (SlotLayer.update)
         st.valid.index_put_((rows, pos), torch.ones((), dtype=torch.bool, device=rows.device))
         out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],
                                   position_ids=pos[:, None], past_key_values=st.cache, use_cache=True)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
-        tok, lp = pick(logits, None if greedy else st.temperature, self.generator)
+        tok, lp = pick(logits, st.temperature, self.generator)
         active = ~done
         tok = torch.where(active, tok, self.pad_id)
         st.tokens.index_put_((rows, lengths), tok)  # a done row writes its column after the end
@@ -332,9 +332,11 @@ class ContinuousSampler:
         st.tok[:n].copy_(tok)
         pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
 
-    def _step(self, model, st: SlotState, greedy: bool, n: int) -> None:
-        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy, n), self.generator,
-                      self.cuda_graphs, st.tok.device, key=(greedy, n)):
+    def _step(self, model, st: SlotState, n: int) -> None:
+        rows = st.index[:n]
+        torch._dynamo.maybe_mark_dynamic(rows, 0)
+        if step_graph(st.graphs, n, lambda: self._decode_fn(model, st, rows), self.generator, self.cuda_graphs,
+                      st.tok.device):
             self.captures += 1
 
 

@@ -107,8 +107,8 @@ class _State:
     stopped: torch.Tensor  # (B,) bool: ended on a stop token
     done: torch.Tensor  # (B,) bool
     budget: torch.Tensor  # (B,) long: most tokens per row
-    temperature: torch.Tensor  # () fp32
-    graphs: dict = field(default_factory=dict)  # greedy (bool) -> torch.cuda.CUDAGraph
+    temperature: torch.Tensor  # () fp32, 0 when greedy
+    graphs: dict = field(default_factory=dict)  # one torch.cuda.CUDAGraph (key 0) for greedy and sampled calls
 
 
 class StaticSampler:
@@ -122,14 +122,14 @@ class StaticSampler:
         cuda_graphs: capture the decode step in a CUDA graph (needs a CUDA model); False runs the same
             code eagerly (CPU, or to check the graph against).
         interval: decode steps between looks at ``done`` (and calls of ``between_steps``).
-        compile_step: run the decode step through ``torch.compile`` (inductor, no cudagraphs of its own;
-            fuses the elementwise work) before capturing it; the first step of a shape compiles.
+        compile_step, compile_dynamic: run the decode step through ``torch.compile`` before capturing it
+            (:func:`compiled_step`).
     Raises:
         ValueError: ``cuda_graphs`` without CUDA, or a model with sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
-                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False):
+                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -143,7 +143,7 @@ class StaticSampler:
         self.captures = 0  # graphs captured so far
         self._state: _State | None = None
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
-        self._decode_fn = torch.compile(self._decode, dynamic=False) if compile_step else self._decode
+        self._decode_fn = compiled_step(self._decode, compile_step, compile_dynamic)
 
     def reset(self) -> None:
         """Drop the captured graphs; call after the model's modules (not only their values) changed."""
@@ -167,19 +167,18 @@ class StaticSampler:
         steps = max(budget)
         st = self._prepare(model, len(rows), _round_up(max(len(r) for r in rows), PAD_MULTIPLE),
                            _round_up(steps, PAD_MULTIPLE))
-        greedy = temperature == 0
         config = model.config
         previous, config._attn_implementation = config._attn_implementation, ATTENTION
         try:
             if steps > 0:
-                self._prefill(model, st, rows, budget, temperature, greedy)
+                self._prefill(model, st, rows, budget, temperature)
             for t in range(steps - 1):  # t: the last recorded step
                 if (t + 1) % self.interval == 0:
                     if bool(st.done.all()):
                         break
                     if between_steps is not None:
                         between_steps()
-                self._step(model, st, greedy)
+                self._step(model, st)
         finally:
             config._attn_implementation = previous
         n = int(st.lengths.max()) if steps > 0 else 0
@@ -208,7 +207,7 @@ class StaticSampler:
         self._state = st
         return st
 
-    def _prefill(self, model, st: _State, rows, budget, temperature: float, greedy: bool) -> None:
+    def _prefill(self, model, st: _State, rows, budget, temperature: float) -> None:
         """Reset the state, run the prompts into the cache and record step 0."""
         b, p = len(rows), st.valid.shape[1] - st.tokens.shape[1]
         ids = torch.full((b, p), self.pad_id, dtype=torch.long)
@@ -230,23 +229,23 @@ class StaticSampler:
             buf.zero_()
         st.done.copy_(st.budget <= 0)
         st.tokens.fill_(self.pad_id)
-        st.temperature.fill_(temperature if temperature > 0 else 1.0)
-        self._record(st, self._logits(model, out.last_hidden_state[:, -1]), greedy)
+        st.temperature.fill_(temperature)
+        self._record(st, self._logits(model, out.last_hidden_state[:, -1]))
         st.pos.copy_(positions[:, -1:] + 1)
         st.slot.fill_(p)
 
-    def _decode(self, model, st: _State, greedy: bool) -> None:
+    def _decode(self, model, st: _State) -> None:
         """One decode step on the static buffers (what the graph records)."""
         st.valid.index_fill_(1, st.slot, True)
         out = model.get_decoder()(input_ids=st.tok, attention_mask=st.valid[:, None, None, :],
                                   position_ids=st.pos, past_key_values=st.cache, use_cache=True)
-        self._record(st, self._logits(model, out.last_hidden_state[:, -1]), greedy)
+        self._record(st, self._logits(model, out.last_hidden_state[:, -1]))
         st.pos.add_(1)
         st.slot.add_(1)
 
-    def _step(self, model, st: _State, greedy: bool) -> None:
+    def _step(self, model, st: _State) -> None:
         """Replay the captured step; without one, run it eagerly, then (CUDA graphs) capture it."""
-        if step_graph(st.graphs, greedy, lambda: self._decode_fn(model, st, greedy), self.generator,
+        if step_graph(st.graphs, 0, lambda: self._decode_fn(model, st), self.generator,
                       self.cuda_graphs, st.tok.device):
             self.captures += 1
 
@@ -254,9 +253,9 @@ class StaticSampler:
         """h (B, hidden) in the model's dtype -> fp32 logits (B, V) at the head (:func:`head_logits`)."""
         return head_logits(model, h, self._mm_fp32)
 
-    def _record(self, st: _State, logits: torch.Tensor, greedy: bool) -> None:
+    def _record(self, st: _State, logits: torch.Tensor) -> None:
         """Pick a token per row from logits (B, V) fp32 and record it at column ``st.step``."""
-        tok, lp = pick(logits, None if greedy else st.temperature, self.generator)
+        tok, lp = pick(logits, st.temperature, self.generator)
         active = ~st.done
         tok = torch.where(active, tok, self.pad_id)
         st.tokens.index_copy_(1, st.step, tok[:, None])
@@ -269,13 +268,31 @@ class StaticSampler:
         st.step.add_(1)
 
 
-def step_graph(graphs: dict, greedy: bool, decode: Callable[[], None], generator: torch.Generator,
-               cuda_graphs: bool, device: torch.device, key=None) -> bool:
-    """Run one decode step: replay ``graphs[key]`` (``key`` defaults to ``greedy``); without one, run
-    ``decode()`` eagerly, then (with ``cuda_graphs``) capture it into ``graphs[key]`` (warm-up on a side
-    stream, then recorded, not run). Returns True when a graph was captured. ``decode`` must work on static
-    buffers only."""
-    key = greedy if key is None else key
+def compiled_step(decode: Callable, compile_step: bool, dynamic: bool = True) -> Callable:
+    """``decode`` run through ``torch.compile`` (inductor, no cudagraphs of its own: the sampler captures the
+    step itself), or ``decode`` itself without ``compile_step``.
+
+    ``dynamic`` (the default): sizes are symbolic where the sampler marks them
+    (``torch._dynamo.maybe_mark_dynamic``: slots, cache positions, output columns; weights, heads and head sizes
+    stay fixed), so a later state, tail bucket or
+    temperature reuses the compiled code and only captures its graph; any other size that changes is made
+    symbolic at its first change (torch's automatic dynamic shapes). Compiled per shape instead
+    (``dynamic=False``), each new shape compiled the whole model again, about 30 s for SmolLM2 on an H200, at
+    whatever point of a run a call first reached it (BENCHMARKS.md, fourth round).
+    """
+    if not compile_step:
+        return decode
+    if not dynamic:  # one compilation per state x bucket: more than dynamo's default of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(decode, dynamic=None if dynamic else False)
+
+
+def step_graph(graphs: dict, key, decode: Callable[[], None], generator: torch.Generator, cuda_graphs: bool,
+               device: torch.device) -> bool:
+    """Run one decode step: replay ``graphs[key]``; without one, run ``decode()`` eagerly, then (with
+    ``cuda_graphs``) capture it into ``graphs[key]`` (warm-up on a side stream, then recorded, not run; the
+    graph advances ``generator``, whose noise every step draws: :func:`pick`). Returns True when a graph was
+    captured. ``decode`` must work on static buffers only."""
     graph = graphs.get(key)
     if graph is not None:
         graph.replay()
@@ -289,7 +306,7 @@ def step_graph(graphs: dict, greedy: bool, decode: Callable[[], None], generator
         decode()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    if not greedy and hasattr(graph, "register_generator_state"):  # sampling draws noise from the generator
+    if hasattr(graph, "register_generator_state"):
         graph.register_generator_state(generator)
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # recorded, not run
         decode()
@@ -315,20 +332,23 @@ def head_logits(model, h: torch.Tensor, mm_fp32: bool) -> torch.Tensor:
 def pick(logits: torch.Tensor, temperature: torch.Tensor | None, generator: torch.Generator | None = None):
     """One token per row and its logprob: logits (B, V) fp32 -> (tokens (B,) long, logprobs (B,) fp32).
 
-    ``temperature`` None is greedy (argmax; logprob under ``softmax(logits)``); otherwise a 0-dim or (1,)
-    fp32 tensor T > 0: the token is ``argmax(logits / T - log E)`` with ``E ~ Exp(1)`` i.i.d. per entry
+    ``temperature`` None is greedy (argmax; logprob under ``softmax(logits)``), drawing nothing. Otherwise a
+    0-dim or (1,) fp32 tensor T: T > 0 picks ``argmax(logits / T - log E)`` with ``E ~ Exp(1)`` i.i.d. per entry
     (from ``generator``), an exact draw from ``softmax(logits / T)`` (the exponential race: the row's
     log-normalizer shifts every entry alike, so it is left out of the argmax), with no host sync, so it can run
-    inside a CUDA graph. The logprob is ``logits[tok] / T - logsumexp(logits / T)``: no (B, V) log-softmax is
-    written (under torch.compile the normalizer is one reduction over the logits).
+    inside a CUDA graph; T = 0 draws E too but picks the argmax (the same tokens and logprobs as None), so one
+    compiled step and one graph serve greedy and sampled calls. The logprob is
+    ``logits[tok] / T - logsumexp(logits / T)`` (T = 1 when greedy): no (B, V) log-softmax is written (under
+    torch.compile the normalizer is one reduction over the logits).
     """
     if temperature is None:
         scaled = logits
         tok = scaled.argmax(-1)
     else:
-        scaled = logits / temperature
+        sampling = temperature > 0
+        scaled = logits / torch.where(sampling, temperature, 1.0)
         noise = torch.empty_like(scaled).exponential_(generator=generator)
-        tok = (scaled - noise.log_()).argmax(-1)  # argmax(p / E): a draw from p
+        tok = (scaled - torch.where(sampling, noise.log_(), 0.0)).argmax(-1)  # argmax(p / E): a draw from p
     return tok, scaled.gather(-1, tok[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 

@@ -27,6 +27,8 @@ class SlotLayer(CacheLayerMixin):
         self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
                                   device=value_states.device)
+        for kv in (self.keys, self.values):  # slots and positions: symbolic in the compiled step
+            torch._dynamo.maybe_mark_dynamic(kv, (0, 2))
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -71,11 +73,20 @@ class SlotState:
     stopped: torch.Tensor  # (B,) bool
     done: torch.Tensor  # (B,) bool (a free slot is done)
     budget: torch.Tensor  # (B,) long
-    temperature: torch.Tensor  # () fp32
+    temperature: torch.Tensor  # () fp32, 0 when greedy
     prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
     cache: Cache | None = None
-    graphs: dict = field(default_factory=dict)  # (greedy, slots decoded) -> torch.cuda.CUDAGraph
+    graphs: dict = field(default_factory=dict)  # slots decoded -> torch.cuda.CUDAGraph (greedy and sampled)
     host: list | None = None  # CUDA: two sets of pinned buffers for the snapshots, used in turn
+    index: torch.Tensor | None = None  # (B,) long: 0..B-1; the step of n slots gets index[:n]
+
+    def __post_init__(self):
+        """Slots (dim 0), cache positions and output columns (dim 1) are symbolic sizes in the compiled step,
+        so every state and tail bucket shares one compilation (``rollout.engines.hf_fast.compiled_step``)."""
+        self.index = torch.arange(self.tok.shape[0], device=self.tok.device)
+        for name in ROW_BUFFERS + ("index",):
+            buf = getattr(self, name)
+            torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
 
 
 @dataclass
