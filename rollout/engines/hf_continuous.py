@@ -128,6 +128,7 @@ class ContinuousSampler:
         self.states_made = 0  # states allocated so far (each new graph captures on CUDA)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = compiled_step(self._decode, compile_step, compile_dynamic)
+        self.compile_dynamic = compile_step and compile_dynamic
 
     def reset(self) -> None:
         """Drop the captured graphs; call after the model's modules (not only their values) changed."""
@@ -334,7 +335,9 @@ class ContinuousSampler:
 
     def _step(self, model, st: SlotState, n: int) -> None:
         rows = st.index[:n]
-        torch._dynamo.maybe_mark_dynamic(rows, 0)
+        if self.compile_dynamic:  # sizes the compiled step treats as symbolic
+            st.mark_dynamic()
+            torch._dynamo.maybe_mark_dynamic(rows, 0)
         if step_graph(st.graphs, n, lambda: self._decode_fn(model, st, rows), self.generator, self.cuda_graphs,
                       st.tok.device):
             self.captures += 1

@@ -27,8 +27,6 @@ class SlotLayer(CacheLayerMixin):
         self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
                                   device=value_states.device)
-        for kv in (self.keys, self.values):  # slots and positions: symbolic in the compiled step
-            torch._dynamo.maybe_mark_dynamic(kv, (0, 2))
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -81,12 +79,18 @@ class SlotState:
     index: torch.Tensor | None = None  # (B,) long: 0..B-1; the step of n slots gets index[:n]
 
     def __post_init__(self):
-        """Slots (dim 0), cache positions and output columns (dim 1) are symbolic sizes in the compiled step,
-        so every state and tail bucket shares one compilation (``rollout.engines.hf_fast.compiled_step``)."""
         self.index = torch.arange(self.tok.shape[0], device=self.tok.device)
+
+    def mark_dynamic(self) -> None:
+        """Make slots (dim 0), cache positions and output columns (dim 1; the K/V's dim 2) symbolic sizes for
+        torch.compile, so every state and tail bucket shares one compilation
+        (``rollout.engines.hf_fast.compiled_step``). Call after the first prefill (the K/V exist then)."""
         for name in ROW_BUFFERS + ("index",):
             buf = getattr(self, name)
             torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
+        for layer in self.cache.layers:
+            for kv in (layer.keys, layer.values):
+                torch._dynamo.maybe_mark_dynamic(kv, (0, 2))
 
 
 @dataclass
