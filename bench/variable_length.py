@@ -172,6 +172,19 @@ def case_decode(model, args, cuda: bool) -> dict:
     return res
 
 
+def replay_ms(graph, times: int = 50) -> float:
+    """Milliseconds a replay of a captured step takes (``times`` replays timed by CUDA events)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(times):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return round(start.elapsed_time(end) / times, 3)
+
+
 def case_profile(model, args, cuda: bool) -> dict:
     """Where a decode step's time goes at the largest batch: the captured step replayed alone (greedy and
     sampled; ms a step, no prefill, no host), and the kernels of the same step run without its graph (the
@@ -188,16 +201,8 @@ def case_profile(model, args, cuda: bool) -> dict:
         for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
             pass
         st = sampler._states[batch]
-        graph = st.graphs.get(batch)
-        if graph is None:  # CPU (--smoke): nothing captured
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(50):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        res[f"step_ms_{name}"] = round(start.elapsed_time(end) / 50, 3)
+        if batch in st.graphs:  # not on CPU (--smoke): nothing captured
+            res[f"step_ms_{name}"] = replay_ms(st.graphs[batch])
     st = sampler._states[batch]
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
@@ -229,16 +234,7 @@ def case_compile(model, args, cuda: bool) -> dict:
         first = timed_run(sampler, rows, [32] * batch, batch, static=False)[0]
         other = timed_run(sampler, rows[: batch // 4], [96] * (batch // 4), batch // 4, static=False)[0]
         st = sampler._states[batch]
-        step_ms = None
-        if cuda:
-            graph = st.graphs[batch]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(50):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            step_ms = round(start.elapsed_time(end) / 50, 3)
+        step_ms = replay_ms(st.graphs[batch]) if cuda else None
         res[name] = dict(first_call_s=round(first, 2), new_state_call_s=round(other, 2), step_ms=step_ms)
         print(f"compile {name}: {res[name]}", flush=True)
         del sampler, st
