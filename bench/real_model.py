@@ -22,9 +22,9 @@ evaluation; a case is stopped (SIGINT to ``distrl train``) once its training tim
 Each case writes ``<case>.json`` with its curve ``[[train_s, version, accuracy], ...]``; ``report``
 combines the cases of one or more ``run`` directories into ``bench/results/real_model.json``
 (``accuracy_before``, ``accuracy_after``, ``heldout_gain``, ``train_wall_s``, ``trl_accuracy_after``,
-``vs_trl_time_to_accuracy`` (the smallest of ``vs_trl_time_to_accuracy_runs``: run k is the k-th ``distrl1`` against the
-k-th ``trl`` case; `report` names a case met again ``case#2``), ``unsloth_lora_gain``, ``qlora_gain``, ``qlora_peak_mem_gib``, per case detail)
-and the plot ``docs/real_model.png``.
+``vs_trl_time_to_accuracy``: the smallest of ``vs_trl_time_to_accuracy_runs``, where run k is the k-th ``distrl1``
+against the k-th ``trl`` case and ``report`` names a case met again ``case#2``; ``unsloth_lora_gain``,
+``qlora_gain``, ``qlora_peak_mem_gib``, per case detail) and the plot ``docs/real_model.png``.
 
 Usage (GPU): ``python -m bench.real_model run --model SmolLM2.gguf --out DIR --cases distrl1,distrl2,trl``;
 ``python -m bench.real_model report DIR [DIR ...]``. On CPU, a smoke run: ``--minutes 0.5 --eval_size 8``.
