@@ -15,8 +15,8 @@
 #                                 --finetunes FT (default full; full,lora)
 #   rw:CASE[:VERSIONS]            bench.real_workload run --cases CASE --versions VERSIONS (default 60)
 #   vl[:CASES]                    bench.variable_length --cases CASES (default continuous,decode)
-#   vs_trl:WORKLOAD[:VARIANTS[:N]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default hf,continuous)
-#                                 --versions N (default 15)
+#   vs_trl:WORKLOAD[:VARIANTS[:N[:FLAGS]]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default
+#                                 hf,continuous) --versions N (default 15) --distrl_flags FLAGS (commas: spaces)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
@@ -81,7 +81,7 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
 }
 
 run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-NAME.log
-  local k=$1 spec=$2 g=/tmp/g22 pack=/tmp/v22stage/pack kind rest a b c
+  local k=$1 spec=$2 g=/tmp/g22 pack=/tmp/v22stage/pack kind rest a b c d
   local model="$pack/SmolLM2-135M-Instruct.Q4_1.gguf"
   local vllm=(python3 -m bench.gpu_vllm --model "$model" --tokenizer "$pack/qwen2.5" --out "$g/vllm" --case_timeout_s 600)
   step() { local name=$1 rc=0; shift; echo "$(date +%T) start $name" >> "$g/steps"
@@ -89,6 +89,7 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
   kind=${spec%%:*}; rest=${spec#*:}; [ "$rest" = "$spec" ] && rest=
   a=${rest%%:*}; b=${rest#*:}; [ "$b" = "$rest" ] && b=
   c=${b#*:}; [ "$c" = "$b" ] && c=; b=${b%%:*}
+  d=${c#*:}; [ "$d" = "$c" ] && d=; c=${c%%:*}
   case "$kind" in
     install) step install install ;;
     vllm) step "$k-vllm" bash "$0" env-run "${vllm[@]}" --cases "${a:-equal,decode}" ;;
@@ -99,7 +100,7 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
     vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
     vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
           --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \
-          --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 ;;
+          --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 --distrl_flags "${d//,/ }" ;;
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
