@@ -44,9 +44,9 @@ Loop (:meth:`ContinuousSampler.run`):
    (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
    move below it first (their K/V in every layer and their per-slot buffers, copied on the device). A call's
    last rows then no longer pay for B slots a step: issue 23's schedule of 2,048 rows in 256 slots spends
-   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more captured graph, made the
-   first time a tail reaches it; the compiled step is shared (its slot count is a symbolic size:
-   :func:`rollout.engines.hf_fast.compiled_step`).
+   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more captured graph, all made at
+   the end of a state's first call (``_capture_buckets``); the compiled step is shared (its slot count is a
+   symbolic size: :func:`rollout.engines.hf_fast.compiled_step`).
 
 Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
 weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
@@ -84,7 +84,7 @@ MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (Continu
 
 def buckets(b: int) -> list[int]:
     """The slot counts a decode step of B slots runs, largest first: B, then quarters while at least MIN_BUCKET
-    (each is one more captured graph on CUDA, made the first time a call's tail reaches it)."""
+    (each is one more captured graph on CUDA, all made at the end of a state's first call)."""
     out = [b]
     while out[-1] // 4 >= MIN_BUCKET:
         out.append(out[-1] // 4)
@@ -168,6 +168,8 @@ class ContinuousSampler:
                 with _grouped(model):
                     self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken])
             if all(o < 0 for o in owner):
+                if self.cuda_graphs:
+                    self._capture_buckets(model, st)
                 return
             with _grouped(model):
                 while True:
@@ -202,6 +204,16 @@ class ContinuousSampler:
             for s, d in zip(src, dst):
                 owner[d], admitted[d], owner[s] = owner[s], admitted[s], -1
         return target
+
+    def _capture_buckets(self, model, st: SlotState) -> None:
+        """Capture the step of every bucket (:func:`buckets`) not captured yet, at the end of a call, when every
+        slot is free: a free slot's step writes only what admission resets (its valid row, outputs, position)
+        and K/V at positions masked until rewritten. A later call's tail then replays graphs only: no capture
+        after a state's first call (issue 23, acceptance 6)."""
+        with _grouped(model):
+            for n in buckets(st.tok.shape[0]):
+                if n not in st.graphs:
+                    self._step(model, st, n)
 
     def _snapshot(self, st: SlotState, k: int) -> "Snapshot":
         """Interval ``k``'s done/lengths/stopped/tokens/logps as the host will read them.

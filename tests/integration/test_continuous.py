@@ -222,6 +222,35 @@ def test_one_compilation_serves_every_state_bucket_and_temperature(w):
     assert first >= 2 and after > first, (first, after)  # the tail's bucket, then the new state
 
 
+def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
+    """What ``_capture_buckets`` does at the end of a state's first call on CUDA (a graph per bucket, captured
+    while every slot is free), run eagerly here: a step of each bucket over the free slots leaves the next
+    call's rows (greedy, refilled slots, a shrinking tail) equal to a fresh sampler's."""
+    from rollout.engines.hf_continuous import ContinuousSampler, _grouped
+
+    e = engine(w["sharp"])
+    ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
+    budget = [2 + (7 * i) % 39 for i in range(40)]
+
+    def sampler():
+        return ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                                 cuda_graphs=False, interval=4)
+
+    stepped = sampler()
+    list(stepped.run(ids[:32], budget[:32], 0.0, slots=32))
+    st = stepped._states[32]
+    before = st.pos.clone()
+    with torch.inference_mode(), _grouped(e.base):
+        for n in (32, 8, 8):
+            stepped._step(e.base, st, n)
+    assert (st.pos != before).sum() >= 8  # the free slots' steps did write (a position at the end stays)
+    fresh = sampler()
+    got = {f.row: f for done in stepped.run(ids, budget, 0.0, slots=32) for f in done}
+    want = {f.row: f for done in fresh.run(ids, budget, 0.0, slots=32) for f in done}
+    assert sorted(got) == list(range(40)) and all(got[r].tokens == want[r].tokens for r in want)
+    assert max(abs(a - b) for r in want for a, b in zip(got[r].logprobs, want[r].logprobs)) <= 1e-6
+
+
 def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
     """32 slots, 40 rows of budgets 2..40 (no stop token), greedy: once no row waits, the step decodes only the
     smallest bucket (32, 8) that holds the running rows, which move below it. Every row equals static
