@@ -346,12 +346,14 @@ class ContinuousSampler:
         pos.add_(1).clamp_(max=st.valid.shape[1] - 1)  # a done row's position stays in range
 
     def _step(self, model, st: SlotState, n: int) -> None:
-        rows = st.index[:n]
-        if self.compile_dynamic:  # sizes the compiled step treats as symbolic
-            st.mark_dynamic()
-            torch._dynamo.maybe_mark_dynamic(rows, 0)
-        if step_graph(st.graphs, n, lambda: self._decode_fn(model, st, rows), self.generator, self.cuda_graphs,
-                      st.tok.device):
+        def decode():  # run only to capture (CUDA) or without graphs: a replay skips the host work here
+            rows = st.index[:n]
+            if self.compile_dynamic:  # sizes the compiled step treats as symbolic
+                st.mark_dynamic()
+                torch._dynamo.maybe_mark_dynamic(rows, 0)
+            self._decode_fn(model, st, rows)
+
+        if step_graph(st.graphs, n, decode, self.generator, self.cuda_graphs, st.tok.device):
             self.captures += 1
 
 
