@@ -18,6 +18,7 @@
 #   vs_trl:WORKLOAD[:VARIANTS[:N[:FLAGS]]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default
 #                                 hf,continuous) --versions N (default 15) --distrl_flags FLAGS (commas: spaces)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+#   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
@@ -103,6 +104,7 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 --distrl_flags "${d//,/ }" ;;
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
+    pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
   esac
 }

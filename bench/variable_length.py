@@ -15,7 +15,9 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   seconds (after a warm-up call of the same shapes), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
-  products are bound by the GPU's FLOPs, not by its memory).
+  products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
+  kernels of :mod:`rollout.engines.hf_kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
+  skips it).
 - ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
   first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
@@ -87,9 +89,10 @@ def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) 
     return batch / (gemm_s + attn_s), formula
 
 
-def make_sampler(model, cuda: bool, dynamic: bool = True):
+def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
-    ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference)."""
+    ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference); ``kernels=False``:
+    without the decode kernels of rollout.engines.hf_kernels (the ``decode`` case's reference)."""
     import torch
 
     from rollout.engines.hf_continuous import ContinuousSampler
@@ -97,7 +100,7 @@ def make_sampler(model, cuda: bool, dynamic: bool = True):
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
                              generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
-                             compile_step=cuda, compile_dynamic=dynamic)
+                             compile_step=cuda, compile_dynamic=dynamic, kernels=kernels)
 
 
 def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
@@ -146,18 +149,28 @@ def case_continuous(model, args, cuda: bool) -> dict:
                 continuous_vs_ideal=round(measured / ideal, 3), graph_captures_after_warmup=sampler.captures - captures)
 
 
-def case_decode(model, args, cuda: bool) -> dict:
+def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture)."""
     import torch
 
+    rows = random_rows(batch, model.config.vocab_size, seed=2)
+    sampler = make_sampler(model, cuda, kernels=kernels)
+    timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
+    times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(repeats)]
+    del sampler
+    if cuda:
+        torch.cuda.empty_cache()
+    return times
+
+
+def case_decode(model, args, cuda: bool) -> dict:
+    """tok/s at each batch against both limits; at the largest, also without the decode kernels (side by side)."""
     params = sum(p.numel() for p in model.parameters())  # a tied head counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     new = args.new_tokens
     res = {}
     for batch in args.batches:
-        rows = random_rows(batch, model.config.vocab_size, seed=2)
-        sampler = make_sampler(model, cuda)
-        timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
-        times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(args.repeats)]
+        times = decode_times(model, batch, new, args.repeats, cuda)
         tok_s = batch * new / sorted(times)[len(times) // 2]
         limit, formula = roofline_tok_s(weight_bytes, model.config, batch, PROMPT, new)
         both, both_formula = compute_roofline_tok_s(params, model.config, batch, PROMPT, new)
@@ -166,9 +179,14 @@ def case_decode(model, args, cuda: bool) -> dict:
                                 compute_roofline_tok_s=round(both), compute_roofline_fraction=round(tok_s / both, 3),
                                 compute_formula=both_formula,
                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
-        del sampler
-        if cuda:
-            torch.cuda.empty_cache()
+        print(f"decode b{batch}: {res[f'b{batch}']}", flush=True)
+    top = max(args.batches)
+    if cuda and args.reference:  # the same step without the decode kernels (masked attention, pick in torch)
+        times = decode_times(model, top, new, args.repeats, cuda, kernels=False)
+        tok_s = top * new / sorted(times)[len(times) // 2]
+        res[f"b{top}"]["without_kernels"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
+                                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+        res[f"b{top}"]["kernels_speedup"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
     return res
 
 
@@ -272,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="256,1024", help="decode: batch sizes")
     p.add_argument("--new_tokens", type=int, default=256, help="decode: new tokens a row")
     p.add_argument("--repeats", type=int, default=3, help="decode: timed calls a batch (median)")
+    p.add_argument("--no-reference", dest="reference", action="store_false",
+                   help="decode: skip the largest batch's run without the decode kernels (one more compile)")
     p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

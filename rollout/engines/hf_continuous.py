@@ -64,6 +64,7 @@ from typing import Callable, Iterator
 import torch
 from transformers.cache_utils import Cache
 
+from rollout.engines import hf_kernels
 from rollout.engines.hf_fast import (
     ATTENTION,
     PAD_MULTIPLE,
@@ -107,12 +108,17 @@ class ContinuousSampler:
     """Samples rows in ``slots`` slots, refilled as rows end (see the module docstring).
 
     Args: as :class:`rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
-    cuda_graphs, interval, compile_step, compile_dynamic). Raises ValueError for cuda_graphs off CUDA or a model with
+    cuda_graphs, interval, compile_step, compile_dynamic), and ``kernels``: the decode step's CUDA kernels
+    (:mod:`rollout.engines.hf_kernels`: FlashAttention over each slot's own positions, the pick in one pass over
+    the logits); None (default) uses them where :func:`rollout.engines.hf_kernels.available`. The step's noise then
+    comes from Philox seeded from ``generator`` once per state, not from ``generator`` every step.
+    Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, or a model with
     sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
-                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True):
+                 cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True,
+                 kernels: bool | None = None):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -120,6 +126,10 @@ class ContinuousSampler:
             raise ValueError(f"cuda_graphs needs a CUDA model, not one on {model.device}")
         if not supports_static(model.config):
             raise ValueError("continuous batching supports full-attention models only (sliding window found)")
+        if kernels and not hf_kernels.available(model):
+            raise ValueError(f"the decode kernels need a bf16/fp16 CUDA model, triton and FlashAttention "
+                             f"({model.device}, {model.dtype})")
+        self.kernels = hf_kernels.available(model) if kernels is None else kernels
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
         self.cuda_graphs, self.interval = cuda_graphs, interval
@@ -280,7 +290,9 @@ class ContinuousSampler:
                     logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
                     stopped=torch.zeros(b, dtype=torch.bool, device=dev),
                     done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
-                    temperature=torch.ones((), dtype=torch.float32, device=dev))
+                    temperature=torch.ones((), dtype=torch.float32, device=dev),
+                    seed=(torch.randint(0, 2**39, (1,), generator=self.generator, device=dev) if self.kernels
+                          else torch.zeros(1, **long)))  # drawn only where used: the CPU path's stream stays
         st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
         self._states[b] = st
         self.states_made += 1
@@ -330,10 +342,16 @@ class ContinuousSampler:
         pos, done, lengths = st.pos[:n], st.done[:n], st.lengths[:n]
         # the writes into the cache and the outputs are index_put_: in place under torch.compile (SlotLayer.update)
         st.valid.index_put_((rows, pos), torch.ones((), dtype=torch.bool, device=rows.device))
+        lengths_kv = (pos + 1).to(torch.int32) if self.kernels else None  # positions each slot attends to
         out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],
-                                  position_ids=pos[:, None], past_key_values=st.cache, use_cache=True)
+                                  position_ids=pos[:, None], past_key_values=st.cache, use_cache=True,
+                                  slot_lengths=lengths_kv)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
-        tok, lp = pick(logits, st.temperature, self.generator)
+        if self.kernels:
+            tok, lp = hf_kernels.sample_rows(logits, st.temperature, st.seed)
+            st.seed.add_(1)
+        else:
+            tok, lp = pick(logits, st.temperature, self.generator)
         active = ~done
         tok = torch.where(active, tok, self.pad_id)
         st.tokens.index_put_((rows, lengths), tok)  # a done row writes its column after the end

@@ -48,15 +48,20 @@ PAD_MULTIPLE = 64  # prompt and completion lengths are rounded up to a multiple 
 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0,
-                      **kwargs) -> tuple[torch.Tensor, None]:
+                      slot_lengths: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """Masked softmax attention where the G query heads of a group share one K/V head, read in place.
 
     Args:
         query: (B, H, Q, D); key, value: (B, Hkv, L, D) with H = G * Hkv (query head h uses K/V head
-            h // G, as transformers' ``repeat_kv`` orders them).
+            h // G, as transformers' ``repeat_kv`` orders them). Any strides with D contiguous: each K/V head
+            is read as a strided view, never copied.
         attention_mask: (B, 1, Q, L) bool, True where a query may attend. A query row with no True
             gets uniform weights (finite: its output is never read by a real token).
         scaling: the score scale (default D ** -0.5). dropout: must be 0 (inference only).
+        slot_lengths: (B,) int32, given by the continuous sampler's decode step where its CUDA kernels run
+            (:func:`rollout.engines.hf_kernels.available`): Q = 1 and row b attends to its positions
+            0 .. slot_lengths[b] - 1 only (what the mask says too), read by FlashAttention
+            (:func:`rollout.engines.hf_kernels.slot_attention`); the mask is not used then.
     Returns:
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
@@ -66,18 +71,24 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     """
     if dropout:
         raise ValueError(f"{ATTENTION} attention is for inference only (dropout {dropout})")
-    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
-        raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
     b, h, q, d = query.shape
     hkv, kv_len = key.shape[1], key.shape[2]
     g = h // hkv
     scale = d ** -0.5 if scaling is None else scaling
-    qg = query.reshape(b, hkv, g * q, d)  # (B, Hkv, G*Q, D): a group's queries against its one K/V
-    scores = torch.matmul(qg, key.transpose(-1, -2)) * scale  # (B, Hkv, G*Q, L)
-    scores = scores.view(b, hkv, g, q, kv_len)
-    scores = torch.where(attention_mask[:, :, None], scores, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype).view(b, hkv, g * q, kv_len)
-    out = torch.matmul(probs, value).view(b, h, q, d)  # (B, H, Q, D)
+    if slot_lengths is not None:
+        from rollout.engines.hf_kernels import slot_attention
+
+        return slot_attention(query, key, value, slot_lengths, scale), None
+    if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
+        raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
+    outs = []
+    for j in range(hkv):  # a group's G queries against its one K/V head (a strided view: no copy)
+        qg = query[:, j * g:(j + 1) * g].reshape(b, g * q, d)  # (B, G*Q, D)
+        scores = torch.matmul(qg, key[:, j].transpose(-1, -2)) * scale  # (B, G*Q, L)
+        scores = torch.where(attention_mask, scores.view(b, g, q, kv_len), torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype).view(b, g * q, kv_len)
+        outs.append(torch.matmul(probs, value[:, j]).view(b, g, q, d))  # (B, G, Q, D)
+    out = outs[0] if hkv == 1 else torch.cat(outs, dim=1)  # (B, H, Q, D)
     return out.transpose(1, 2).contiguous(), None
 
 

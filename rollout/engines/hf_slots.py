@@ -11,8 +11,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's K/V, (B, Hkv, L, D): decode writes each slot at its own position ``owner.pos``;
-    a prefill writes rows ``owner.prefill_slots`` at positions 0..Q-1 and attends to its own K/V only."""
+    """One layer's K/V, stored (B, L, Hkv, D) (a slot's positions are contiguous rows, as FlashAttention's
+    variable-length kernel reads them: :func:`rollout.engines.hf_kernels.slot_attention`) and handed to attention
+    as (B, Hkv, L, D) views. Decode writes each slot at its own position ``owner.pos``; a prefill writes rows
+    ``owner.prefill_slots`` at positions 0..Q-1 and attends to its own K/V only."""
 
     is_compileable = True
     is_sliding = False
@@ -23,7 +25,7 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, length = self.owner.valid.shape
-        shape = (b, key_states.shape[1], length)
+        shape = (b, length, key_states.shape[1])
         self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
                                   device=value_states.device)
@@ -36,15 +38,14 @@ class SlotLayer(CacheLayerMixin):
         if rows is None:  # decode: key_states (n, Hkv, 1, D) for the first n slots, each at its own position
             # index_put_ writes n x Hkv x D elements in place; under torch.compile a scatter_ here copied the
             # whole cache twice a step (issue 23: 3.7 of 10.3 ms a step at 1024 rows on an H200)
-            n, heads, dev = key_states.shape[0], key_states.shape[1], key_states.device
-            where = (torch.arange(n, device=dev)[:, None], torch.arange(heads, device=dev)[None, :],
-                     self.owner.pos[:n, None])
-            self.keys.index_put_(where, key_states[:, :, 0])
+            n = key_states.shape[0]
+            where = (torch.arange(n, device=key_states.device), self.owner.pos[:n])
+            self.keys.index_put_(where, key_states[:, :, 0])  # (n, Hkv, D) at (slot, its position)
             self.values.index_put_(where, value_states[:, :, 0])
-            return self.keys[:n], self.values[:n]
+            return self.keys[:n].transpose(1, 2), self.values[:n].transpose(1, 2)
         q = key_states.shape[2]  # prefill: (k, Hkv, Q, D) for the slots `rows`
-        self.keys[rows, :, :q] = key_states
-        self.values[rows, :, :q] = value_states
+        self.keys[rows, :q] = key_states.transpose(1, 2)
+        self.values[rows, :q] = value_states.transpose(1, 2)
         return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -72,6 +73,7 @@ class SlotState:
     done: torch.Tensor  # (B,) bool (a free slot is done)
     budget: torch.Tensor  # (B,) long
     temperature: torch.Tensor  # () fp32, 0 when greedy
+    seed: torch.Tensor  # (1,) long: the decode step's Philox seed (hf_kernels.sample_rows), advanced every step
     prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
     cache: Cache | None = None
     graphs: dict = field(default_factory=dict)  # slots decoded -> torch.cuda.CUDAGraph (greedy and sampled)
@@ -82,7 +84,7 @@ class SlotState:
         self.index = torch.arange(self.tok.shape[0], device=self.tok.device)
 
     def mark_dynamic(self) -> None:
-        """Make slots (dim 0), cache positions and output columns (dim 1; the K/V's dim 2) symbolic sizes for
+        """Make slots (dim 0), cache positions and output columns (dim 1, the K/V's too) symbolic sizes for
         torch.compile, so every state and tail bucket shares one compilation
         (``rollout.engines.hf_fast.compiled_step``). Call after the first prefill (the K/V exist then)."""
         for name in ROW_BUFFERS + ("index",):
@@ -90,7 +92,7 @@ class SlotState:
             torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
         for layer in self.cache.layers:
             for kv in (layer.keys, layer.values):
-                torch._dynamo.maybe_mark_dynamic(kv, (0, 2))
+                torch._dynamo.maybe_mark_dynamic(kv, (0, 1))
 
 
 @dataclass

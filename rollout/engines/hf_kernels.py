@@ -1,0 +1,165 @@
+"""CUDA kernels of the continuous sampler's decode step (issue 23, acceptance 3): attention that reads only each
+slot's own positions, and the token pick in one pass over the logits.
+
+On an H200 (Qwen2.5-0.5B, 1024 slots, 320 positions; BENCHMARKS.md, fifth round) the masked attention over every
+position of every slot (:func:`rollout.engines.hf_fast.grouped_attention`) took about 2.2 of a step's 7 ms, and
+the pick (:func:`rollout.engines.hf_fast.pick`: an Exp(1) draw written over the (B, V) fp32 logits, then an
+argmax pass and a logsumexp pass) about 1.6 ms, where reading the logits once takes 0.15 ms.
+
+- :func:`slot_attention`: FlashAttention's variable-length kernel as torch ships it
+  (``torch.nn.attention.varlen.varlen_attn``) with ``seqused_k``: slot b attends to its positions
+  0 .. lengths[b] - 1 only. The slots' K/V live in one (B, L, Hkv, D) buffer, so slot b's keys are rows
+  b * L .. b * L + L - 1 of its (B * L, Hkv, D) view: a view, no copy.
+- :func:`sample_rows`: one Triton program per row reads its logits once and keeps, per lane, the running max
+  and sum of exp (the logsumexp, online) and the best key so far: the logit itself (greedy, T = 0) or
+  ``logit / T + G`` with G = -log(-log U) Gumbel noise from Philox (``tl.rand4x``), keyed by the step's seed and
+  the row: the Gumbel-max trick, an exact draw from softmax(logits / T) (Gumbel 1954; the exponential race of
+  ``pick`` is the same draw). Ties go to the lowest index, as ``torch.argmax``.
+
+Both are CUDA-only (:func:`available`); the sampler keeps the portable path elsewhere (CPU, fp32 models).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # CUDA images ship triton with torch; the CPU wheels do not
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is missing (CPU CI)
+    triton = None
+
+ROW_SEED_SHIFT = 24  # a row's Philox seed: step seed * 2**24 + row (rows < 16M)
+
+
+@functools.cache
+def _flash_ok(device_index: int) -> bool:
+    return bool(torch.backends.cuda.is_flash_attention_available())
+
+
+def available(model) -> bool:
+    """Whether the decode step can use these kernels: a CUDA model in bf16 or fp16 with head dim <= 256 (a
+    multiple of 8), triton importable, and FlashAttention in this torch."""
+    if triton is None or model.device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    cfg = model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return head_dim <= 256 and head_dim % 8 == 0 and _flash_ok(model.device.index or 0)
+
+
+def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """Decode attention of n slots, each over its own first ``lengths[b]`` positions (FlashAttention varlen).
+
+    Args:
+        query: (n, H, 1, D), the step's one query per slot.
+        key, value: (n, Hkv, L, D) views of the slots' (n, L, Hkv, D) K/V buffers (``SlotLayer`` returns them
+            so); H = G * Hkv, query head h uses K/V head h // G.
+        lengths: (n,) int32, 1 <= lengths[b] <= L: the positions slot b attends to (0 .. lengths[b] - 1).
+        scale: the score scale.
+    Returns:
+        (n, 1, H, D) in the query's dtype (the layout transformers' attention functions return).
+    Raises:
+        RuntimeError: from FlashAttention for inputs it does not take (e.g. fp32, CPU tensors).
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    n, hkv, length, d = key.shape
+    h = query.shape[1]
+    k = key.transpose(1, 2).reshape(n * length, hkv, d)  # the buffer's own layout: a view
+    v = value.transpose(1, 2).reshape(n * length, hkv, d)
+    cu_q = torch.arange(n + 1, dtype=torch.int32, device=query.device)
+    out = varlen_attn(query[:, :, 0], k, v, cu_q, cu_q * length, 1, length, scale=scale, enable_gqa=True,
+                      seqused_k=lengths)
+    return out.view(n, 1, h, d)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _race(x, u, cols, sampling, m, s, best, best_col, best_x):
+        """One block of a row: online logsumexp update and the Gumbel-max race (see the module docstring)."""
+        m_new = tl.maximum(m, x)
+        finite = m_new > float("-inf")
+        s = s * tl.where(finite, tl.exp(m - m_new), 1.0) + tl.where(finite, tl.exp(x - m_new), 0.0)
+        key = x + tl.where(sampling, -tl.log(-tl.log(u)), 0.0)
+        better = key > best
+        return (m_new, s, tl.where(better, key, best), tl.where(better, cols, best_col),
+                tl.where(better, x, best_x))
+
+    @triton.jit
+    def _sample_kernel(logits_ptr, stride, vocab, temperature_ptr, seed_ptr, tok_ptr, logp_ptr,
+                       BLOCK: tl.constexpr, SHIFT: tl.constexpr):
+        row = tl.program_id(0)
+        temperature = tl.load(temperature_ptr)
+        sampling = temperature > 0
+        inv = 1.0 / tl.where(sampling, temperature, 1.0)
+        seed = tl.load(seed_ptr) * (1 << SHIFT) + row
+        base = logits_ptr + row.to(tl.int64) * stride
+        lanes = tl.arange(0, BLOCK)
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
+        s = tl.zeros([BLOCK], tl.float32)
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_col = tl.zeros([BLOCK], tl.int32)
+        best_x = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, vocab, 4 * BLOCK):
+            u0, u1, u2, u3 = tl.rand4x(seed, start + lanes)  # one Philox call: four uniforms per lane
+            c = start + lanes
+            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
+            m, s, best, best_col, best_x = _race(x, u0, c, sampling, m, s, best, best_col, best_x)
+            c = start + BLOCK + lanes
+            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
+            m, s, best, best_col, best_x = _race(x, u1, c, sampling, m, s, best, best_col, best_x)
+            c = start + 2 * BLOCK + lanes
+            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
+            m, s, best, best_col, best_x = _race(x, u2, c, sampling, m, s, best, best_col, best_x)
+            c = start + 3 * BLOCK + lanes
+            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
+            m, s, best, best_col, best_x = _race(x, u3, c, sampling, m, s, best, best_col, best_x)
+        top = tl.max(m, 0)
+        total = tl.sum(tl.where(m > float("-inf"), s * tl.exp(m - top), 0.0), 0)
+        win = tl.max(best, 0)
+        col = tl.min(tl.where(best == win, best_col, vocab), 0)
+        x_win = tl.max(tl.where((best == win) & (best_col == col), best_x, float("-inf")), 0)
+        tl.store(tok_ptr + row, col.to(tl.int64))
+        tl.store(logp_ptr + row, x_win - (top + tl.log(total)))
+
+    @torch.library.custom_op("distrl::sample_rows", mutates_args=())
+    def _sample_rows(logits: torch.Tensor, temperature: torch.Tensor,
+                     seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, vocab = logits.shape
+        if logits.stride(1) != 1:
+            logits = logits.contiguous()
+        tok = torch.empty(b, dtype=torch.long, device=logits.device)
+        logp = torch.empty(b, dtype=torch.float32, device=logits.device)
+        if b:
+            _sample_kernel[(b,)](logits, logits.stride(0), vocab, temperature, seed, tok, logp,
+                                 BLOCK=1024, SHIFT=ROW_SEED_SHIFT, num_warps=8)
+        return tok, logp
+
+    @_sample_rows.register_fake
+    def _(logits, temperature, seed):
+        b = logits.shape[0]
+        return logits.new_empty(b, dtype=torch.long), logits.new_empty(b, dtype=torch.float32)
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor,
+                seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its logprob, in one pass over the logits (see the module docstring).
+
+    Args:
+        logits: (B, V) fp32, rows contiguous, on CUDA.
+        temperature: () or (1,) fp32 on the same device: 0 picks the argmax (logprob under softmax(logits));
+            T > 0 draws from softmax(logits / T) (logprob under it).
+        seed: (1,) int64 on the same device, 0 <= seed < 2**39: the step's Philox seed; calls with the same seed
+            and rows draw the same noise, so the caller advances it every step (inside a CUDA graph too).
+    Returns:
+        tokens (B,) long and logprobs (B,) fp32, as :func:`rollout.engines.hf_fast.pick` returns them.
+    Raises:
+        RuntimeError: without triton (:func:`available`).
+    """
+    if triton is None:
+        raise RuntimeError("sample_rows needs triton (a CUDA build of torch)")
+    return _sample_rows(logits, temperature, seed)

@@ -1,0 +1,104 @@
+"""The continuous sampler's CUDA decode kernels (rollout/engines/hf_kernels.py) against the portable path they
+replace (needs an NVIDIA GPU with triton and FlashAttention):
+
+- ``sample_rows`` greedy: the argmax (first of ties) and its logprob under softmax(logits), as ``pick``;
+  sampled: frequencies within 5 sigma of softmax(logits / T), logprobs under it, a new seed draws anew;
+- ``slot_attention`` against the masked attention over the same K/V, each slot reading only its own positions;
+- the sampler with the kernels against without them, on a random bf16 Llama: the same greedy tokens (bf16
+  kernels may differ at near-ties: at least 95 %) and logprobs at the bf16 level.
+
+    pytest -m gpu tests/integration/test_hf_kernels_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+
+@pytest.mark.parametrize("vocab", [5, 4096, 151936])
+def test_greedy_pick_equals_torch(vocab):
+    from rollout.engines.hf_fast import pick
+    from rollout.engines.hf_kernels import sample_rows
+
+    g = torch.Generator("cuda").manual_seed(vocab)
+    logits = 4 * torch.randn((37, vocab), generator=g, device="cuda")
+    logits[3] = 1.0  # every entry tied: the first index wins
+    logits[4, 7 % vocab] = logits[4, 2 % vocab] = 100.0  # two tied maxima
+    zero, seed = torch.zeros((), device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+    tok, lp = sample_rows(logits, zero, seed)
+    ref_tok, ref_lp = pick(logits, None)
+    assert torch.equal(tok, ref_tok)
+    assert int(tok[3]) == 0 and int(tok[4]) == min(7 % vocab, 2 % vocab)
+    assert torch.allclose(lp, ref_lp, atol=1e-5, rtol=0)
+
+
+def test_sampled_draws_follow_softmax_over_temperature():
+    from rollout.engines.hf_kernels import sample_rows
+
+    rows, temperature = 200_000, 0.7
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, -4.0, 1.5], device="cuda")
+    logits = base.expand(rows, -1).contiguous()
+    t = torch.tensor(temperature, device="cuda")
+    seed = torch.tensor([12345], device="cuda")
+    tok, lp = sample_rows(logits, t, seed)
+    p = torch.softmax(base / temperature, -1)
+    freq = torch.bincount(tok, minlength=8).double() / rows
+    sigma = (p * (1 - p) / rows).sqrt()
+    assert ((freq - p).abs() <= 5 * sigma + 1e-9).all(), (freq, p)
+    assert torch.allclose(lp, torch.log_softmax(base / temperature, -1)[tok], atol=1e-5, rtol=0)
+    again, _ = sample_rows(logits, t, seed)
+    assert torch.equal(again, tok)  # the same seed, the same draw
+    other, _ = sample_rows(logits, t, seed + 1)
+    assert (other != tok).float().mean() > 0.3  # a new seed draws anew
+
+
+def test_slot_attention_reads_only_each_slots_positions():
+    from rollout.engines.hf_fast import grouped_attention
+    from rollout.engines.hf_kernels import slot_attention
+
+    g = torch.Generator("cuda").manual_seed(0)
+    n, length, hkv, heads, d = 9, 200, 2, 14, 64
+    store = torch.randn((2, n, length, hkv, d), generator=g, device="cuda", dtype=torch.bfloat16)
+    key, value = store[0].transpose(1, 2), store[1].transpose(1, 2)  # (n, Hkv, L, D) views, as SlotLayer's
+    query = torch.randn((n, heads, 1, d), generator=g, device="cuda", dtype=torch.bfloat16)
+    lengths = torch.tensor([1, 2, 63, 64, 65, 100, 150, 199, 200], dtype=torch.int32, device="cuda")
+    mask = (torch.arange(length, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    out = slot_attention(query, key, value, lengths, d ** -0.5)
+    ref, _ = grouped_attention(None, query, key, value, mask)
+    assert out.shape == ref.shape == (n, 1, heads, d)
+    assert (out.float() - ref.float()).abs().max() < 2e-2
+    store[:, 0, 1:] = 1e4  # positions past a slot's length: never read
+    again = slot_attention(query, key, value, lengths, d ** -0.5)
+    assert torch.equal(again[0], out[0])
+
+
+def test_sampler_with_kernels_matches_the_portable_path():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollout.engines.hf_continuous import ContinuousSampler
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    for p in model.parameters():  # sharper logits than the default init: greedy is far from ties
+        p.data.mul_(4.0)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(1, 31999, (int(k),), generator=g).tolist() for k in torch.randint(3, 40, (24,), generator=g)]
+    budget = [int(b) for b in torch.randint(4, 48, (24,), generator=g)]
+
+    def run(kernels: bool) -> dict:
+        sampler = ContinuousSampler(lambda: model, 0, torch.empty(0, dtype=torch.long, device="cuda"),
+                                    torch.Generator("cuda").manual_seed(0), cuda_graphs=True, interval=4,
+                                    kernels=kernels)
+        return {f.row: (f.tokens, f.logprobs) for done in sampler.run(rows, budget, 0.0, slots=8) for f in done}
+
+    fast, ref = run(True), run(False)
+    assert sorted(fast) == sorted(ref) == list(range(24))
+    same = [a == b for r in ref for a, b in zip(fast[r][0], ref[r][0])]
+    assert sum(same) / len(same) >= 0.95, sum(same) / len(same)
+    first = [abs(fast[r][1][0] - ref[r][1][0]) for r in ref]  # the first token: same prefix on both paths
+    assert max(first) < 0.1 and all(len(fast[r][0]) == budget[r] for r in ref)
