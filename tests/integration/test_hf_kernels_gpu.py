@@ -4,8 +4,8 @@ replace (needs an NVIDIA GPU with triton and FlashAttention):
 - ``sample_rows`` greedy: the argmax (first of ties) and its logprob under softmax(logits), as ``pick``;
   sampled: frequencies within 5 sigma of softmax(logits / T), logprobs under it, a new seed draws anew;
 - ``slot_attention`` against the masked attention over the same K/V, each slot reading only its own positions;
-- the sampler with the kernels against without them, on a random bf16 Llama: the same greedy tokens (bf16
-  kernels may differ at near-ties: at least 95 %) and logprobs at the bf16 level.
+- the sampler with the kernels against without them, on a random bf16 Llama: logprobs of the tokens each
+  path sampled against an fp32 forward: the kernels no further off than the portable path.
 
     pytest -m gpu tests/integration/test_hf_kernels_gpu.py
 """
@@ -75,7 +75,12 @@ def test_slot_attention_reads_only_each_slots_positions():
     assert torch.equal(again[0], out[0])
 
 
-def test_sampler_with_kernels_matches_the_portable_path():
+def test_sampler_with_kernels_is_as_close_to_fp32_as_the_portable_path():
+    """Both paths' logprobs against an fp32 forward of the tokens each sampled (teacher forcing): the kernels'
+    mean error per token within the bf16 level and no larger than the portable path's. Their tokens are not
+    compared: the masked path rounds attention scores to bf16 before the softmax and FlashAttention keeps them in
+    fp32, so on a model with large scores greedy rows part after a few tokens (28 % of tokens equal with weights
+    x 4, 92 % with the default init, measured on an H200)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rollout.engines.hf_continuous import ContinuousSampler
@@ -83,22 +88,31 @@ def test_sampler_with_kernels_matches_the_portable_path():
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
                       num_key_value_heads=2, vocab_size=32000, max_position_embeddings=512)
+    fp32 = LlamaForCausalLM(cfg).to("cuda").eval()
+    for p in fp32.parameters():  # larger scores and logits than the default init
+        p.data.mul_(2.0)
     model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
-    for p in model.parameters():  # sharper logits than the default init: greedy is far from ties
-        p.data.mul_(4.0)
+    model.load_state_dict(fp32.state_dict())
+    fp32.load_state_dict(model.state_dict())  # the same bf16 values in fp32
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(1, 31999, (int(k),), generator=g).tolist() for k in torch.randint(3, 40, (24,), generator=g)]
     budget = [int(b) for b in torch.randint(4, 48, (24,), generator=g)]
 
-    def run(kernels: bool) -> dict:
+    def error(kernels: bool) -> float:
         sampler = ContinuousSampler(lambda: model, 0, torch.empty(0, dtype=torch.long, device="cuda"),
                                     torch.Generator("cuda").manual_seed(0), cuda_graphs=True, interval=4,
                                     kernels=kernels)
-        return {f.row: (f.tokens, f.logprobs) for done in sampler.run(rows, budget, 0.0, slots=8) for f in done}
+        done = [f for out in sampler.run(rows, budget, 1.0, slots=8) for f in out]
+        assert sorted(f.row for f in done) == list(range(24))
+        assert all(len(f.tokens) == budget[f.row] for f in done)
+        diffs = []
+        with torch.no_grad():
+            for f in done:
+                ids = torch.tensor([rows[f.row] + f.tokens], device="cuda")
+                logp = torch.log_softmax(fp32(ids).logits[0, len(rows[f.row]) - 1: -1].double(), -1)
+                ref = logp.gather(-1, ids[0, len(rows[f.row]):, None])[:, 0]
+                diffs += (ref - torch.tensor(f.logprobs, device="cuda", dtype=torch.double)).abs().tolist()
+        return sum(diffs) / len(diffs)
 
-    fast, ref = run(True), run(False)
-    assert sorted(fast) == sorted(ref) == list(range(24))
-    same = [a == b for r in ref for a, b in zip(fast[r][0], ref[r][0])]
-    assert sum(same) / len(same) >= 0.95, sum(same) / len(same)
-    first = [abs(fast[r][1][0] - ref[r][1][0]) for r in ref]  # the first token: same prefix on both paths
-    assert max(first) < 0.1 and all(len(fast[r][0]) == budget[r] for r in ref)
+    fast, portable = error(True), error(False)
+    assert fast < 0.05 and fast <= 1.2 * portable + 1e-3, (fast, portable)
