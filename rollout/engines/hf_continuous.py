@@ -5,8 +5,10 @@ other rows go on decoding.
 Layout. The cache holds B slots x L positions per layer (L = longest prompt + most new tokens, each
 rounded up to ``PAD_MULTIPLE``). A prompt placed in slot b fills positions 0..P-1 of that slot (its
 token positions are its cache positions: no padding inside a row) and its t-th new token goes to
-position P + t - 1. A (B, L) bool ``valid`` marks the positions holding the slot's current row; attention
-reads every position and masks the others (:func:`rollout.engines.hf_fast.grouped_attention`).
+position P + t - 1. A (B, L) bool ``valid`` marks the positions holding the slot's current row (always
+0 .. its position); attention reads every position and masks the others
+(:func:`rollout.engines.hf_fast.grouped_attention`), or, on CUDA with the decode kernels
+(:mod:`rollout.engines.hf_kernels`), reads only the slot's own positions.
 
 Loop (:meth:`ContinuousSampler.run`):
 
@@ -17,7 +19,8 @@ Loop (:meth:`ContinuousSampler.run`):
    position. Their ids, lengths, slots and budgets reach the GPU in one pinned, non-blocking copy: the
    host queues the admission behind the queued steps without waiting for them.
 2. Decode: one step for all B slots, as the fast path's (fp32 head, argmax or the exponential race over
-   ``logits / T`` and the logprob under ``softmax(logits / T)``: :func:`rollout.engines.hf_fast.pick`), each
+   ``logits / T`` and the logprob under ``softmax(logits / T)``: :func:`rollout.engines.hf_fast.pick`, or the
+   same in one pass with Gumbel noise where the kernels run: :func:`rollout.engines.hf_kernels.sample_rows`), each
    token and logprob recorded at its row's own column (the row's length so far). Free slots decode padding,
    masked out of every output. Every write of the step (K/V at each slot's position, token, logprob) is an
    ``index_put_``, which torch.compile keeps in place (a ``scatter_`` into the cache made inductor copy the
