@@ -14,7 +14,7 @@
 #   launchers[:ENGINES[:FT]]      bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
 #                                 --finetunes FT (default full; full,lora)
 #   rw:CASE[:VERSIONS]            bench.real_workload run --cases CASE --versions VERSIONS (default 60)
-#   vl[:CASES]                    bench.variable_length --cases CASES (default continuous,decode)
+#   vl[:CASES[:FLAGS]]            bench.variable_length --cases CASES (default continuous,decode) FLAGS (commas: spaces)
 #   vs_trl:WORKLOAD[:VARIANTS[:N[:FLAGS]]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default
 #                                 hf,continuous) --versions N (default 15) --distrl_flags FLAGS (commas: spaces)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
@@ -98,7 +98,8 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --finetunes "${b:-full}" ;;
     rw) step "$k-rw-$a" bash "$0" env-run python3 -m bench.real_workload run --out "$g/rw" --model "$model" \
           --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
-    vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" ;;
+    vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" \
+          ${b//,/ } ;;
     vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
           --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \
           --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 --distrl_flags "${d//,/ }" ;;

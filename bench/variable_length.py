@@ -17,7 +17,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
   kernels of :mod:`rollout.engines.hf_kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
-  skips it).
+  skips it) and with their split-K Triton attention instead of FlashAttention (``triton_attention``,
+  ``triton_over_flash``; ``--no-triton-attention`` skips it).
 - ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
   first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
@@ -89,7 +90,7 @@ def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) 
     return batch / (gemm_s + attn_s), formula
 
 
-def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None):
+def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None, attention: str = "flash"):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
     ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference); ``kernels=False``:
     without the decode kernels of rollout.engines.hf_kernels (the ``decode`` case's reference)."""
@@ -100,7 +101,7 @@ def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None =
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
                              generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
-                             compile_step=cuda, compile_dynamic=dynamic, kernels=kernels)
+                             compile_step=cuda, compile_dynamic=dynamic, kernels=kernels, decode_attention=attention)
 
 
 def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
@@ -149,12 +150,13 @@ def case_continuous(model, args, cuda: bool) -> dict:
                 continuous_vs_ideal=round(measured / ideal, 3), graph_captures_after_warmup=sampler.captures - captures)
 
 
-def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None) -> list[float]:
+def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None,
+                 attention: str = "flash") -> list[float]:
     """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture)."""
     import torch
 
     rows = random_rows(batch, model.config.vocab_size, seed=2)
-    sampler = make_sampler(model, cuda, kernels=kernels)
+    sampler = make_sampler(model, cuda, kernels=kernels, attention=attention)
     timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
     times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(repeats)]
     del sampler
@@ -187,6 +189,12 @@ def case_decode(model, args, cuda: bool) -> dict:
         res[f"b{top}"]["without_kernels"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
         res[f"b{top}"]["kernels_speedup"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
+    if cuda and args.triton_attention:  # the kernels with the split-K Triton attention instead of FlashAttention
+        times = decode_times(model, top, new, args.repeats, cuda, attention="triton")
+        tok_s = top * new / sorted(times)[len(times) // 2]
+        res[f"b{top}"]["triton_attention"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
+                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+        res[f"b{top}"]["triton_over_flash"] = round(tok_s / res[f"b{top}"]["tok_s"], 3)
     return res
 
 
@@ -213,8 +221,8 @@ def case_profile(model, args, cuda: bool) -> dict:
 
     batch, new = max(args.batches), args.new_tokens
     rows = random_rows(batch, model.config.vocab_size, seed=2)
-    sampler = make_sampler(model, cuda)
-    res = {}
+    sampler = make_sampler(model, cuda, attention=args.attention)
+    res = {"attention": args.attention}
     for temperature, name in ((0.0, "greedy"), (1.0, "sampled")):
         for _ in sampler.run(rows, [new] * batch, temperature, slots=batch):  # compile + capture, state filled
             pass
@@ -292,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="decode: timed calls a batch (median)")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="decode: skip the largest batch's run without the decode kernels (one more compile)")
+    p.add_argument("--attention", default="flash", choices=["flash", "triton"],
+                   help="profile: the decode kernels' attention (rollout.engines.hf_kernels.slot_attention)")
+    p.add_argument("--no-triton-attention", dest="triton_attention", action="store_false",
+                   help="decode: skip the largest batch's run with the split-K Triton attention (one more compile)")
     p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -115,13 +115,15 @@ class ContinuousSampler:
     (:mod:`rollout.engines.hf_kernels`: FlashAttention over each slot's own positions, the pick in one pass over
     the logits); None (default) uses them where :func:`rollout.engines.hf_kernels.available`. The step's noise then
     comes from Philox seeded from ``generator`` once per state, not from ``generator`` every step.
+    ``decode_attention``: the kernels' attention, ``flash`` or ``triton``
+    (:func:`rollout.engines.hf_kernels.slot_attention`).
     Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, or a model with
     sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
                  cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True,
-                 kernels: bool | None = None):
+                 kernels: bool | None = None, decode_attention: str = "flash"):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -133,6 +135,9 @@ class ContinuousSampler:
             raise ValueError(f"the decode kernels need a bf16/fp16 CUDA model, triton and FlashAttention "
                              f"({model.device}, {model.dtype})")
         self.kernels = hf_kernels.available(model) if kernels is None else kernels
+        if decode_attention not in hf_kernels.ATTENTION_IMPLS:
+            raise ValueError(f"unknown decode_attention {decode_attention!r}; one of {hf_kernels.ATTENTION_IMPLS}")
+        self.decode_attention = decode_attention
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
         self.cuda_graphs, self.interval = cuda_graphs, interval
@@ -348,7 +353,7 @@ class ContinuousSampler:
         lengths_kv = (pos + 1).to(torch.int32) if self.kernels else None  # positions each slot attends to
         out = model.get_decoder()(input_ids=st.tok[:n, None], attention_mask=st.valid[:n, None, None, :],
                                   position_ids=pos[:, None], past_key_values=st.cache, use_cache=True,
-                                  slot_lengths=lengths_kv)
+                                  slot_lengths=lengths_kv, slot_attention_impl=self.decode_attention)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
         if self.kernels:
             tok, lp = hf_kernels.sample_rows(logits, st.temperature, st.seed)

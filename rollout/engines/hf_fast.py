@@ -48,7 +48,8 @@ PAD_MULTIPLE = 64  # prompt and completion lengths are rounded up to a multiple 
 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0,
-                      slot_lengths: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+                      slot_lengths: torch.Tensor | None = None, slot_attention_impl: str = "flash",
+                      **kwargs) -> tuple[torch.Tensor, None]:
     """Masked softmax attention where the G query heads of a group share one K/V head, read in place.
 
     Args:
@@ -61,7 +62,8 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         slot_lengths: (B,) int32, given by the continuous sampler's decode step where its CUDA kernels run
             (:func:`rollout.engines.hf_kernels.available`): Q = 1 and row b attends to its positions
             0 .. slot_lengths[b] - 1 only (what the mask says too), read by FlashAttention
-            (:func:`rollout.engines.hf_kernels.slot_attention`); the mask is not used then.
+            (:func:`rollout.engines.hf_kernels.slot_attention`, kernel ``slot_attention_impl``); the mask is not used
+            then.
     Returns:
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
@@ -78,7 +80,7 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     if slot_lengths is not None:
         from rollout.engines.hf_kernels import slot_attention
 
-        return slot_attention(query, key, value, slot_lengths, scale), None
+        return slot_attention(query, key, value, slot_lengths, scale, slot_attention_impl), None
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
     outs = []

@@ -50,9 +50,14 @@ def available(model) -> bool:
     return head_dim <= 256 and head_dim % 8 == 0 and _flash_ok(model.device.index or 0)
 
 
+ATTENTION_IMPLS = ("flash", "triton")  # slot_attention's kernels
+
+
 def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
-                   scale: float) -> torch.Tensor:
-    """Decode attention of n slots, each over its own first ``lengths[b]`` positions (FlashAttention varlen).
+                   scale: float, impl: str = "flash") -> torch.Tensor:
+    """Decode attention of n slots, each over its own first ``lengths[b]`` positions: FlashAttention varlen
+    (``impl="flash"``) or the split-K Triton kernel (``"triton"``, :func:`decode_attention`; not the default yet:
+    written 2026-12-03, checked in Triton's CPU interpreter in fp16/fp32, not yet timed on a GPU).
 
     Args:
         query: (n, H, 1, D), the step's one query per slot.
@@ -64,14 +69,20 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         (n, 1, H, D) in the query's dtype (the layout transformers' attention functions return).
     Raises:
         RuntimeError: from FlashAttention for inputs it does not take (e.g. fp32, CPU tensors).
+        ValueError: an unknown ``impl``.
     """
+    if impl == "triton":
+        return decode_attention(query, key, value, lengths, scale)
+    if impl != "flash":
+        raise ValueError(f"unknown decode attention {impl!r}; expected one of {ATTENTION_IMPLS}")
     n, hkv, length, d = key.shape
     h = query.shape[1]
     g = h // hkv
     k = key.transpose(1, 2).reshape(n * length, hkv, d)  # the buffer's own layout: a view
     v = value.transpose(1, 2).reshape(n * length, hkv, d)
     # a group's G query heads become G query rows of one K/V head (FlashAttention's own GQA decode trick): each
-    # (slot, K/V head) block then reads its K/V once, not once per query head (2.7 of 6.3 ms a step that way)
+    # (slot, K/V head) block reads its K/V once, not once per query head (on an H200 the kernel took 115 us a layer
+    # at 1024 slots either way: bound by each block's latency, BENCHMARKS.md sixth round)
     q = query[:, :, 0].reshape(n, hkv, g, d).transpose(1, 2).reshape(n * g, hkv, d)
     slots = torch.arange(n + 1, dtype=torch.int32, device=query.device)
     # the op under torch.nn.attention.varlen.varlen_attn, whose torch 2.11 signature lacks seqused_k
@@ -80,7 +91,133 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return out.view(n, g, hkv, d).transpose(1, 2).reshape(n, 1, h, d)  # (n, Hkv, G, D) -> head j * G + i
 
 
+DECODE_BLOCK_N = 64  # positions a block of decode_attention reads at a time
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_splits(n: int, hkv: int, length: int, device: torch.device) -> int:
+    """Splits of each slot's positions in :func:`decode_attention`: enough (slot, head, split) programs for two per
+    multiprocessor, at most one per block of positions (1 for 1024 slots x 2 heads; 5 for 8 slots x 320 positions)."""
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    return max(1, min(-(-length // DECODE_BLOCK_N), -(-2 * sms // (n * hkv))))
+
+
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Decode attention of n slots over their own first ``lengths[b]`` positions, in Triton: a program per (slot,
+    K/V head, split of the positions) holds the head's G query heads as rows of one tile and runs an online
+    softmax over blocks of ``DECODE_BLOCK_N`` positions; with several splits a second kernel combines them (split-K,
+    "flash decoding", Dao et al. 2023). Same arguments and result as :func:`slot_attention` (D a power of 2).
+
+    Raises:
+        RuntimeError: without triton.
+    """
+    if triton is None:
+        raise RuntimeError("decode_attention needs triton (a CUDA build of torch)")
+    n, h = query.shape[0], query.shape[1]
+    out = _decode_attention(query[:, :, 0], key, value, lengths, scale)
+    return out.view(n, 1, h, query.shape[-1])
+
+
 if triton is not None:
+
+    @triton.jit
+    def _decode_split(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, part_ptr, ml_ptr, chunk, scale,
+                      sq_b, sq_h, sk_b, sk_h, sk_l, sv_b, sv_h, sv_l, so_b, so_h,
+                      HKV: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr,
+                      BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+        """Program (slot b, K/V head j, split s): the G query heads of head j against positions
+        [s * chunk, min((s + 1) * chunk, lengths[b])), an online softmax over blocks of BLOCK_N positions. One
+        split writes the normalized output; several write their unnormalized sums and (max, sum of exp) for
+        :func:`_decode_combine`."""
+        b, j, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        rows, dims = tl.arange(0, G_PAD), tl.arange(0, D)
+        heads = j * G + rows
+        q = tl.load(q_ptr + b.to(tl.int64) * sq_b + heads[:, None] * sq_h + dims[None, :],
+                    mask=(rows < G)[:, None], other=0.0)
+        start = s * chunk
+        end = tl.minimum(start + chunk, tl.load(len_ptr + b))
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        total = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32)
+        k_base = k_ptr + b.to(tl.int64) * sk_b + j * sk_h
+        v_base = v_ptr + b.to(tl.int64) * sv_b + j * sv_h
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            inside = pos < end
+            k = tl.load(k_base + pos[:, None] * sk_l + dims[None, :], mask=inside[:, None], other=0.0)
+            scores = tl.where(inside[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))  # (G_PAD, BLOCK_N)
+            m_new = tl.maximum(m, tl.max(scores, 1))  # finite: a block holds at least one position
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            total = total * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + pos[:, None] * sv_l + dims[None, :], mask=inside[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        if SPLITS == 1:
+            out = acc / total[:, None]
+            tl.store(out_ptr + b.to(tl.int64) * so_b + heads[:, None] * so_h + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=(rows < G)[:, None])
+        else:
+            at = ((b.to(tl.int64) * HKV + j) * SPLITS + s) * G_PAD + rows  # (G_PAD,) rows of this split
+            tl.store(part_ptr + at[:, None] * D + dims[None, :], acc)
+            tl.store(ml_ptr + at * 2, m)
+            tl.store(ml_ptr + at * 2 + 1, total)
+
+    @triton.jit
+    def _decode_combine(out_ptr, part_ptr, ml_ptr, so_b, so_h, HKV: tl.constexpr, G: tl.constexpr,
+                        G_PAD: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr):
+        """Program (slot b, K/V head j): the splits' sums rescaled to their common max, then normalized."""
+        b, j = tl.program_id(0), tl.program_id(1)
+        rows, dims = tl.arange(0, G_PAD), tl.arange(0, D)
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        total = tl.zeros([G_PAD], tl.float32)
+        acc = tl.zeros([G_PAD, D], tl.float32)
+        for s in range(SPLITS):
+            at = ((b.to(tl.int64) * HKV + j) * SPLITS + s) * G_PAD + rows
+            m_s = tl.load(ml_ptr + at * 2)
+            m_new = tl.maximum(m, m_s)  # finite from split 0 on: it holds position 0
+            a_old = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0)
+            a_s = tl.where(m_s > float("-inf"), tl.exp(m_s - m_new), 0.0)  # an empty split adds nothing
+            total = total * a_old + tl.load(ml_ptr + at * 2 + 1) * a_s
+            acc = acc * a_old[:, None] + tl.load(part_ptr + at[:, None] * D + dims[None, :]) * a_s[:, None]
+            m = m_new
+        heads = j * G + rows
+        tl.store(out_ptr + b.to(tl.int64) * so_b + heads[:, None] * so_h + dims[None, :],
+                 (acc / total[:, None]).to(out_ptr.dtype.element_ty), mask=(rows < G)[:, None])
+
+    @torch.library.custom_op("distrl::decode_attention", mutates_args=())
+    def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
+                          scale: float) -> torch.Tensor:
+        n, heads, d = query.shape
+        hkv, length = key.shape[1], key.shape[2]
+        g = heads // hkv
+        out = torch.empty_like(query)
+        if n == 0:
+            return out
+        splits = decode_splits(n, hkv, length, query.device)
+        per_split = -(-length // splits)
+        chunk = -(-per_split // DECODE_BLOCK_N) * DECODE_BLOCK_N  # positions a split: whole blocks
+        g_pad = max(16, triton.next_power_of_2(g))
+        part = query.new_empty((n, hkv, splits, g_pad, d), dtype=torch.float32) if splits > 1 else out
+        ml = query.new_empty((n, hkv, splits, g_pad, 2), dtype=torch.float32) if splits > 1 else out
+        _decode_split[(n, hkv, splits)](query, key, value, lengths, out, part, ml, chunk, scale,
+                                        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+                                        key.stride(2), value.stride(0), value.stride(1), value.stride(2),
+                                        out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
+                                        BLOCK_N=DECODE_BLOCK_N, SPLITS=splits, num_warps=4)
+        if splits > 1:
+            _decode_combine[(n, hkv)](out, part, ml, out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
+                                      SPLITS=splits, num_warps=4)
+        return out
+
+    @_decode_attention.register_fake
+    def _(query, key, value, lengths, scale):
+        return torch.empty_like(query)
 
     @triton.jit
     def _race(x, u, cols, sampling, m, s, best, best_col, best_x):
