@@ -1,4 +1,5 @@
-"""The fast path's token pick (rollout.engines.hf_fast.pick): exact draws, greedy, logprobs."""
+"""The fast path's token pick (rollout.engines.hf_fast.pick): exact draws, greedy, logprobs; where the decode
+kernels (rollout.engines.hf_kernels) run and how the split-K attention splits positions."""
 
 from __future__ import annotations
 
@@ -24,3 +25,29 @@ def test_greedy_is_argmax_with_untempered_logprobs():
     tok, lp = pick(logits, None)
     assert tok.tolist() == [1, 0]
     torch.testing.assert_close(lp, torch.log_softmax(logits, -1)[[0, 1], [1, 0]])
+
+
+def test_decode_kernels_stay_off_where_they_cannot_run_and_split_positions_by_need():
+    """rollout.engines.hf_kernels on this machine: no kernels for a CPU model (the sampler keeps the portable path;
+    asking for them is a clear error), and the split-K attention's split count: two programs a multiprocessor at
+    most, never more splits than blocks of positions."""
+    import pytest
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollout.engines import hf_kernels
+    from rollout.engines.hf_continuous import ContinuousSampler
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    assert not hf_kernels.available(model)
+    args = (lambda: model, 0, torch.empty(0, dtype=torch.long), torch.Generator())
+    assert ContinuousSampler(*args, cuda_graphs=False).kernels is False
+    with pytest.raises(ValueError, match="decode kernels need"):
+        ContinuousSampler(*args, cuda_graphs=False, kernels=True)
+    with pytest.raises(ValueError, match="unknown decode_attention 'paged'"):
+        ContinuousSampler(*args, cuda_graphs=False, decode_attention="paged")
+    cpu = torch.device("cpu")  # counted as 132 multiprocessors (an H100/H200)
+    assert hf_kernels.decode_splits(1024, 2, 320, cpu) == 1
+    assert hf_kernels.decode_splits(8, 2, 320, cpu) == 5  # 17 wanted, 5 blocks of 64 positions
+    assert hf_kernels.decode_splits(8, 2, 4096, cpu) == 17
+    assert hf_kernels.decode_splits(1, 1, 10, cpu) == 1
