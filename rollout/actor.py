@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 
@@ -54,7 +54,9 @@ class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
     ``cfg`` is the command's composed config (`distrl.cmd.config.RolloutConfig` or `TrainConfig`): the
-    sections of rollout/config.py and the shared ones of distrl/core/run_options.py.
+    sections of rollout/config.py and the shared ones of distrl/core/run_options.py. ``endpoints``: the
+    buffer's and the learner's addresses, or a callable that returns them, called once the engine is loaded and
+    warmed up (``distrl train`` starts its actors while the learners load).
     """
 
     @property
@@ -62,8 +64,8 @@ class RolloutActor:
         """The policy version this actor serves: its engine's, the one owner (rollout.colocated reads its learner's)."""
         return self.engine.version
 
-    def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints, model_dir: str,
-                 work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
+    def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints | Callable[[], ActorEndpoints],
+                 model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
                  name: str | None = None):
         from buffer.client import BufferClient
         from rollout.engines import make_engine
@@ -89,6 +91,9 @@ class RolloutActor:
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
             self.inflight_update = cfg.inflight_update
         self.engine = engine
+        engine.warm_up()  # compiles now (CUDA), while distrl train's learners load, not in the first rollouts
+        if callable(endpoints):  # distrl train: the learner's weight endpoints, known once it is up
+            endpoints = endpoints()
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
         self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=cfg.long_prompts,
                                         limit=prompt_limit(cfg.max_model_len, cfg.max_new_tokens, engine.max_model_len),

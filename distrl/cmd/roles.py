@@ -95,6 +95,16 @@ class LearnerRole(_Role):
         self.parts.close(linger=False)
 
 
+def learner_endpoints(buffer: str, weights: list):
+    """The actor's endpoints once learner 0 is up: ``weights`` holds the Ray reference to its
+    ``weight_addresses()`` (in a list, so Ray does not wait for it before the actor's constructor starts)."""
+    import ray
+
+    from rollout.actor import ActorEndpoints
+
+    return ActorEndpoints(buffer, *ray.get(weights[0]))
+
+
 class RolloutRole(_Role):
     """One rollout actor's Ray actor (distrl.cmd.assemble.build_actor); Ray restarts it
     (--max_actor_restarts) and it rejoins the run. ``run`` closes the actor however it ends."""

@@ -3,9 +3,9 @@
 The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (`buffer.server.BufferServer`,
 `rollout.actor.RolloutActor`, `learn.learner.Learner`); they talk only over ZMQ:
 
-    driver: run dir + model -> BufferRole (address) -> LearnerRole x L (weight endpoints, rank 0)
-            -> RolloutRole x A -> run all -> learners finish max_steps -> STOP -> actors exit
-            -> SHUTDOWN buffer -> summary
+    driver: run dir + model -> BufferRole (address) -> LearnerRole x L and RolloutRole x A, started together
+            (each actor loads and warms up its engine, then waits for learner 0's weight endpoints)
+            -> run all -> learners finish max_steps -> STOP -> actors exit -> SHUTDOWN buffer -> summary
 
 Any role that raises ends the run: after shutting the others down the driver raises its error as
 `faults.RoleFailed` (the message, the last frames, its log file). Roles log to `<run_dir>/logs/<role>.log`
@@ -20,6 +20,7 @@ write summary.json saying so and stop every process (exit 130/143).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ from distrl.cmd.faults import (
 from distrl.cmd.join import joined_actors, write_train_join_file
 from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
-from distrl.cmd.roles import ray_roles
+from distrl.cmd.roles import learner_endpoints, ray_roles
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.weights import transport
@@ -154,6 +155,7 @@ class _Run:
     learners: list = dataclasses.field(default_factory=list)
     actors: list = dataclasses.field(default_factory=list)
     learner_refs: list = dataclasses.field(default_factory=list)
+    weights: object = None  # the Ray reference to learner 0's weight endpoints (the actors resolve it)
     actor_runs: object = None  # distrl.cmd.actor_runs.ActorRuns: the actors' run calls, results, those gone
     gpu_ids: dict = dataclasses.field(default_factory=dict)
     plan: object = None  # distrl.cmd.nodes.NodePlan: each role's node, address, model; the outputs gathered
@@ -213,14 +215,19 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
                         plan.role_cfg[f"learner{r}"], r, run.buffer_address, plan.model_dirs[f"learner{r}"],
                         str(run_dir), dist_address, plan.keys)
                     for r in range(cfg.number_of_learners)]
-    pub, latest = ray.get(run.learners[0].weight_addresses.remote())
-    endpoints = ActorEndpoints(run.buffer_address, pub, latest)
-    write_train_join_file(cfg, run_dir, model_dir, endpoints, plan.keys,  # `distrl rollout --join`: distrl.cmd.join
-                          [f.name for f in dataclasses.fields(RolloutConfig)])
+    run.weights = run.learners[0].weight_addresses.remote()  # kept: a restarted actor resolves it again
+    # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
+    # after that. Not vLLM's: it sizes its KV cache from the GPU memory free when it starts.
+    late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
+    if getattr(cfg, "engine", "hf") == "vllm":
+        late = ActorEndpoints(run.buffer_address, *ray.get(run.weights))
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
-                      plan.role_cfg[f"actor{i}"], i, endpoints, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
+                      plan.role_cfg[f"actor{i}"], i, late, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
                   for i in range(cfg.number_of_actors)]
+    pub, latest = ray.get(run.weights)
+    write_train_join_file(cfg, run_dir, model_dir, ActorEndpoints(run.buffer_address, pub, latest), plan.keys,
+                          [f.name for f in dataclasses.fields(RolloutConfig)])  # `distrl rollout --join`
     run.gpu_ids = {name: ray.get(h.accelerator_ids.remote()) for name, h in run.handles().items() if name != "buffer0"}
     log.info("placement (GPUs per actor %g, per learner %g): %s", run.placement.gpus_per_actor,
              run.placement.gpus_per_learner, run.gpu_ids)

@@ -145,6 +145,10 @@ class Engine(ABC):
         """Serve the LoRA adapter at ``path`` as ``version`` (``load_weights(version, "lora", path)``)."""
         self.load_weights(version, "lora", path)
 
+    def warm_up(self) -> None:  # noqa: B027 (a no-op by default: an engine that compiles nothing lazily)
+        """Compile and capture now what the first generate call would, so that the first rollouts do not wait for
+        it (``distrl train`` starts the actors while the learners load). Changes no weights and no version."""
+
     def close(self) -> None:  # noqa: B027 (a no-op by default: an engine without scratch files need not override it)
         """Release what the engine holds (scratch files, the model); the engine is unusable after."""
 

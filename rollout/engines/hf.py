@@ -145,6 +145,14 @@ class HFEngine(Engine):
 
     # -- generation -----------------------------------------------------------------------------
 
+    def warm_up(self) -> None:
+        """On CUDA's fast path: a greedy call of two rows of two tokens compiles the decode step (with symbolic
+        sizes: a later call's state only captures its graphs, under a second) and the LM head's passes; on CPU
+        nothing (no compilation there). It draws from the engine's generator like any call."""
+        if self.device.type == "cuda" and (self._continuous is not None or self._fast is not None):
+            self.generate(["Hello", "Hi"], 1, 0.0, 2)
+
+
     def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                         between_steps=None, seed: int | None = None) -> Iterator[list[tuple[int, PromptResult]]]:
         """Sample ``n`` completions for each prompt with the served version, yielding each group as soon
