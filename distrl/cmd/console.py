@@ -45,6 +45,7 @@ class LiveConsole:
         self._last_tb = 0.0
         self.start_time = time.time()
         self._stop = threading.Event()
+        self._final_poll = False  # set by finish(): one last poll after the loop
         self._thread = threading.Thread(target=self._loop, name="distrl-console", daemon=True)
         self._acc = None
         self._learner: dict[str, float] = {}
@@ -56,6 +57,15 @@ class LiveConsole:
             set_stderr_level(logging.WARNING)
         self._thread.start()
         return self
+
+    def finish(self) -> None:
+        """The run is over and the buffer still answers: poll once more (the view, or the last progress
+        line, shows the run's end), then stop polling; :meth:`stop` still restores stderr's level. Called
+        before the buffer shuts down: a poll after that would wait out the client's 2 s timeout."""
+        self._final_poll = True
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def stop(self) -> None:
         """Stop polling and leave the last view on the screen (idempotent)."""
@@ -146,6 +156,8 @@ class LiveConsole:
             if not self.live:
                 while not self._stop.wait(self.interval_s):
                     self._progress(self._poll(client)[0])
+                if self._final_poll:
+                    self._progress(self._poll(client)[0])
                 return
             with Live(self.render(None, {}), console=Console(file=sys.stderr), refresh_per_second=4,
                       transient=False) as live:
@@ -153,6 +165,9 @@ class LiveConsole:
                     stats, error = self._poll(client)
                     live.update(self.render(stats, self._learner, error))
                     self._stop.wait(self.interval_s)
+                if self._final_poll:
+                    stats, error = self._poll(client)
+                    live.update(self.render(stats, self._learner, error))
         finally:
             client.close()
 

@@ -324,6 +324,7 @@ def train(cfg: TrainConfig) -> dict:
         learner_results = _wait_all(run.learner_refs, [run.buffer_ref], run.actor_runs, watch=watch)
         _wait_all([], [run.buffer_ref], run.actor_runs, timeout_s=600, watch=watch)
         actor_results = run.actor_runs.outcomes()
+        run.console.finish()  # its last poll while the buffer answers
         closed = [learner.close.remote() for learner in run.learners]  # the actors have the final version
         client = BufferClient(run.buffer_address, "driver", timeout_s=10)
         client.shutdown()

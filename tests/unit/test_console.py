@@ -40,3 +40,18 @@ def test_progress_lines_without_a_terminal_or_with_no_console(tmp_path, capsys):
     view._progress({"learner_version": 10, "rows": 50, "groups_put": 40})  # same version: none
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "version 10/10" in lines[0] and "groups put 40" in lines[0], lines
+
+
+def test_finish_polls_once_more_while_the_buffer_answers(tmp_path, capsys):
+    """`distrl train` calls finish() before the buffer shuts down: one last poll shows the run's end (here the
+    only one: the interval is never reached), then polling stops; a later stop() is harmless."""
+    from tests.unit.test_buffer_server import serving
+
+    with serving(tmp_path, batch_size=2) as server:
+        view = LiveConsole(server.address, tmp_path, max_steps=10, max_rows=1000, interval_s=3600, live=False,
+                           every_s=0).start()
+        view.finish()
+        assert not view._thread.is_alive()
+        view.stop()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distrl: version 0/10") and "groups put 0" in lines[0], lines
