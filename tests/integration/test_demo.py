@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_train import ENV, ROOT, distrl, run, scalars
+from tests.integration.test_train import ENV, ROOT, scalars
 
 REPORT_KEYS = {"accuracy_before", "accuracy_after", "wall_s", "versions", "curve_png", "tensorboard_dir", "run_dir"}
 
@@ -37,13 +37,8 @@ def check_report(report: dict, run_dir: Path, versions: int) -> None:
     assert report["accuracy_after"] == max(evals, key=lambda e: e["version"])["accuracy"]
 
 
-def test_report_path(tmp_path):
-    proc = run(distrl("--model", "tiny", "--task", "arith", "--arith_ops", "+", "--warm_start_steps", "5",
-                      "--warm_start_batch_size", "16", "--finetune", "full", "--backend", "hf", "--engine", "hf",
-                      "--torch_threads", "1", "--max_steps", "3", "--batch_size", "4", "--group_size", "4",
-                      "--learning_rate", "2e-4", "--max_new_tokens", "5", "--eval_every", "2", "--eval_size", "16",
-                      "--run_name", "report"), tmp_path)
-    run_dir = tmp_path / "report"
+def test_report_path(warm_started_run):
+    run_dir, proc = warm_started_run  # the run's flags: tests/integration/conftest.py
     report = last_json_line(proc.stdout)
     check_report(report, run_dir, versions=3)
     assert report["eval_versions"] == [0, 2, 3]

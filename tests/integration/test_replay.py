@@ -95,17 +95,12 @@ def test_replay_restamp_with_replay_ratio_two_reuses_every_group(source_run):
     check_tensorboard(out, expected)
 
 
-def test_replay_of_a_warm_started_run_starts_from_its_warm_start(tmp_path):
-    """A run warm-started for a few steps: the replay starts from `<run>/warm_start` (and says so), so the first
-    version's behavior-vs-learner logprob gap is at the float32 level; told to start from the pre-warm-start
-    model instead, it warns that the gap is far above the bf16 level."""
-    proc = subprocess.run([sys.executable, "-m", "distrl", "train", "--model", "tiny", "--task", "arith",
-                           "--warm_start_steps", "5", "--warm_start_lr", "1e-2", "--warm_start_batch_size", "16",
-                           "--engine", "hf", "--max_steps", "3", "--batch_size", "4", "--group_size", "4",
-                           "--max_new_tokens", "5", "--no_console", "--log_dir", str(tmp_path), "--run_name", "ws"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    source = tmp_path / "ws"
+def test_replay_of_a_warm_started_run_starts_from_its_warm_start(warm_started_run):
+    """A run warm-started for a few steps (tests/integration/conftest.py, shared with test_demo.py): the replay
+    starts from `<run>/warm_start` (and says so), so the first version's behavior-vs-learner logprob gap is at the
+    float32 level; told to start from the pre-warm-start model instead, it warns that the gap is far above the
+    bf16 level."""
+    source = warm_started_run[0]
     flags = ("--replay_ratio", "2", "--staleness_model", "restamp", "--max_steps", "3")
     out = replay(source, "right", *flags)
     summary = json.loads((out / "summary.json").read_text())
