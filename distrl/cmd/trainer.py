@@ -219,7 +219,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
     # after that. Not vLLM's: it sizes its KV cache from the GPU memory free when it starts.
     late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
-    if getattr(cfg, "engine", "hf") == "vllm":
+    if cfg.engine == "vllm":
         late = ActorEndpoints(run.buffer_address, *ray.get(run.weights))
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(

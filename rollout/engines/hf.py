@@ -152,7 +152,6 @@ class HFEngine(Engine):
         if self.device.type == "cuda" and (self._continuous is not None or self._fast is not None):
             self.generate(["Hello", "Hi"], 1, 0.0, 2)
 
-
     def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,
                         between_steps=None, seed: int | None = None) -> Iterator[list[tuple[int, PromptResult]]]:
         """Sample ``n`` completions for each prompt with the served version, yielding each group as soon

@@ -67,7 +67,6 @@ from typing import Callable, Iterator
 import torch
 from transformers.cache_utils import Cache
 
-from rollout.engines import hf_kernels
 from rollout.engines.hf_fast import (
     ATTENTION,
     PAD_MULTIPLE,
@@ -80,6 +79,8 @@ from rollout.engines.hf_fast import (
     step_graph,
     supports_static,
 )
+from rollout.engines.hf_kernels import ATTENTION_IMPLS, sample_rows
+from rollout.engines.hf_kernels import available as kernels_available
 from rollout.engines.hf_slots import SlotLayer, SlotState, Snapshot, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
@@ -131,12 +132,13 @@ class ContinuousSampler:
             raise ValueError(f"cuda_graphs needs a CUDA model, not one on {model.device}")
         if not supports_static(model.config):
             raise ValueError("continuous batching supports full-attention models only (sliding window found)")
-        if kernels and not hf_kernels.available(model):
+        can = kernels_available(model)
+        if kernels and not can:
             raise ValueError(f"the decode kernels need a bf16/fp16 CUDA model, triton and FlashAttention "
                              f"({model.device}, {model.dtype})")
-        self.kernels = hf_kernels.available(model) if kernels is None else kernels
-        if decode_attention not in hf_kernels.ATTENTION_IMPLS:
-            raise ValueError(f"unknown decode_attention {decode_attention!r}; one of {hf_kernels.ATTENTION_IMPLS}")
+        self.kernels = can if kernels is None else kernels
+        if decode_attention not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown decode_attention {decode_attention!r}; one of {ATTENTION_IMPLS}")
         self.decode_attention = decode_attention
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
@@ -356,7 +358,7 @@ class ContinuousSampler:
                                   slot_lengths=lengths_kv, slot_attention_impl=self.decode_attention)
         logits = head_logits(model, out.last_hidden_state[:, -1], self._mm_fp32)
         if self.kernels:
-            tok, lp = hf_kernels.sample_rows(logits, st.temperature, st.seed)
+            tok, lp = sample_rows(logits, st.temperature, st.seed)
             st.seed.add_(1)
         else:
             tok, lp = pick(logits, st.temperature, self.generator)

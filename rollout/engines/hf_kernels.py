@@ -35,11 +35,6 @@ except ImportError:  # pragma: no cover - exercised where triton is missing (CPU
 ROW_SEED_SHIFT = 24  # a row's Philox seed: step seed * 2**24 + row (rows < 16M)
 
 
-@functools.cache
-def _flash_ok(device_index: int) -> bool:
-    return bool(torch.backends.cuda.is_flash_attention_available())
-
-
 def available(model) -> bool:
     """Whether the decode step can use these kernels: a CUDA model in bf16 or fp16 with head dim <= 256 (a
     multiple of 8), triton importable, and FlashAttention in this torch."""
@@ -47,7 +42,7 @@ def available(model) -> bool:
         return False
     cfg = model.config.get_text_config()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return head_dim <= 256 and head_dim % 8 == 0 and _flash_ok(model.device.index or 0)
+    return head_dim <= 256 and head_dim % 8 == 0 and torch.backends.cuda.is_flash_attention_available()
 
 
 ATTENTION_IMPLS = ("flash", "triton")  # slot_attention's kernels
@@ -220,16 +215,17 @@ if triton is not None:
         return torch.empty_like(query)
 
     @triton.jit
-    def _race(x, u, cols, sampling, m, s, best, best_col, best_x):
-        """One block of a row: the online logsumexp (one exp an entry: e = exp(-|x - m|) either rescales the sum
-        to a new maximum or adds x's term) and the Gumbel-max race (see the module docstring). ``m`` starts at a
-        finite floor, so masked entries (x = -inf) add exp(-inf) = 0."""
+    def _race(base, c, vocab, inv, u, sampling, m, s, best, best_col, best_x):
+        """Columns ``c`` of a row (logits at ``base``, scaled by ``inv`` = 1 / T): the online logsumexp (one exp an
+        entry: e = exp(-|x - m|) either rescales the sum to a new maximum or adds x's term) and the Gumbel-max race
+        (see the module docstring). ``m`` starts at a finite floor, so masked entries (x = -inf) add exp(-inf) = 0."""
+        x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
         e = tl.exp(-tl.abs(x - m))
         s = tl.where(x > m, s * e + 1.0, s + e)
         m = tl.maximum(m, x)
         key = x + tl.where(sampling, -tl.log(-tl.log(u)), 0.0)
         better = key > best
-        return (m, s, tl.where(better, key, best), tl.where(better, cols, best_col), tl.where(better, x, best_x))
+        return (m, s, tl.where(better, key, best), tl.where(better, c, best_col), tl.where(better, x, best_x))
 
     @triton.jit
     def _sample_kernel(logits_ptr, stride, vocab, temperature_ptr, seed_ptr, tok_ptr, logp_ptr,
@@ -248,18 +244,14 @@ if triton is not None:
         best_x = tl.zeros([BLOCK], tl.float32)
         for start in range(0, vocab, 4 * BLOCK):
             u0, u1, u2, u3 = tl.rand4x(seed, start + lanes)  # one Philox call: four uniforms per lane
-            c = start + lanes
-            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
-            m, s, best, best_col, best_x = _race(x, u0, c, sampling, m, s, best, best_col, best_x)
-            c = start + BLOCK + lanes
-            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
-            m, s, best, best_col, best_x = _race(x, u1, c, sampling, m, s, best, best_col, best_x)
-            c = start + 2 * BLOCK + lanes
-            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
-            m, s, best, best_col, best_x = _race(x, u2, c, sampling, m, s, best, best_col, best_x)
-            c = start + 3 * BLOCK + lanes
-            x = tl.load(base + c, mask=c < vocab, other=float("-inf")) * inv
-            m, s, best, best_col, best_x = _race(x, u3, c, sampling, m, s, best, best_col, best_x)
+            m, s, best, best_col, best_x = _race(base, start + lanes, vocab, inv, u0, sampling, m, s, best,
+                                                 best_col, best_x)
+            m, s, best, best_col, best_x = _race(base, start + BLOCK + lanes, vocab, inv, u1, sampling, m, s, best,
+                                                 best_col, best_x)
+            m, s, best, best_col, best_x = _race(base, start + 2 * BLOCK + lanes, vocab, inv, u2, sampling, m, s,
+                                                 best, best_col, best_x)
+            m, s, best, best_col, best_x = _race(base, start + 3 * BLOCK + lanes, vocab, inv, u3, sampling, m, s,
+                                                 best, best_col, best_x)
         top = tl.max(m, 0)
         total = tl.sum(s * tl.exp(m - top), 0)
         win = tl.max(best, 0)
