@@ -16,7 +16,8 @@
 #   rw:CASE[:VERSIONS]            bench.real_workload run --cases CASE --versions VERSIONS (default 60)
 #   vl[:CASES[:FLAGS]]            bench.variable_length --cases CASES (default continuous,decode) FLAGS (commas: spaces)
 #   vs_trl:WORKLOAD[:VARIANTS[:N[:FLAGS]]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default
-#                                 hf,continuous) --versions N (default 15) --distrl_flags FLAGS (commas: spaces)
+#                                 hf,continuous; none) --versions N (default 15) --distrl_flags FLAGS (commas: spaces;
+#                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
@@ -100,9 +101,11 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
     vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" \
           ${b//,/ } ;;
-    vs_trl) step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
+    vs_trl) local variants=() v; IFS='|' read -r -a parts <<< "$d"
+          for v in "${parts[@]:-}"; do [ "$v" = default ] && v=; variants+=("--distrl_flags=${v//,/ }"); done
+          step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
           --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \
-          --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 --distrl_flags "${d//,/ }" ;;
+          --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 "${variants[@]}" ;;
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;

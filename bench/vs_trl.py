@@ -16,7 +16,8 @@ Sides:
 
 - ``distrl``: ``distrl train`` as a user runs it on one GPU (its defaults; ``--engine hf --backend hf
   --finetune full --max_staleness 1``: one actor and one learner sharing the GPU, weights by
-  ``--weights_transport``, default ``shm``; ``--distrl_flags`` adds more); the window is ``--versions``
+  ``--weights_transport``, default ``shm``; ``--distrl_flags`` adds more, and given again runs one more
+  distrl side per string in the same run, each with its own ratio); the window is ``--versions``
   policy versions after ``--warmup``, timed from the learner's TensorBoard (``learner/policy_version`` wall
   times; tokens from ``learner/completion_tokens``); one more version runs after it, since the learner writes
   its final checkpoint inside the last (TRL's side saves none).
@@ -90,11 +91,12 @@ def prepare_model(args, work: Path) -> str:
     return str(build_model("qwen2.5-0.5b", args.tokenizer, work / "qwen2.5-0.5b-random"))
 
 
-def distrl_side(args, model_dir: str, work: Path, out: Path) -> dict:
-    """`distrl train` to ``--warmup + --versions + 1`` versions; completions/s and tokens/s over the window
-    of ``--versions`` after ``--warmup`` (the last version is left out: the learner writes the final
-    checkpoint inside it, and TRL's side saves none)."""
-    run_dir = work / "distrl"
+def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: Path) -> dict:
+    """`distrl train` (more ``flags``) to ``--warmup + --versions + 1`` versions; completions/s and tokens/s
+    over the window of ``--versions`` after ``--warmup`` (the last version is left out: the learner writes
+    the final checkpoint inside it, and TRL's side saves none). ``index``: the variant's place in the run."""
+    name = "distrl" if index == 0 else f"distrl{index}"
+    run_dir = work / name
     shutil.rmtree(run_dir, ignore_errors=True)
     ray_tmp = tempfile.mkdtemp(prefix="vt", dir="/tmp")  # short: Ray's socket paths
     cmd = [sys.executable, "-m", "distrl", "train", "--model", model_dir, *task_flags(args),
@@ -103,17 +105,18 @@ def distrl_side(args, model_dir: str, work: Path, out: Path) -> dict:
            "--engine", "hf", "--backend", "hf", "--finetune", "full", "--max_staleness", "1",
            "--weights_transport", args.weights_transport,
            "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
-           "--no_console", "--log_dir", str(work), "--run_name", "distrl", *args.distrl_flags.split()]
-    how = run_process(cmd, out / "distrl.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
+           "--no_console", "--log_dir", str(work), "--run_name", name, *flags.split()]
+    how = run_process(cmd, out / f"{name}.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
     shutil.rmtree(ray_tmp, ignore_errors=True)
     timed = phases(run_dir, args.warmup, args.versions)  # not the last: it also writes the final checkpoint
     if not timed.get("versions"):
-        return {"side": "distrl", "how": how, "command": " ".join(cmd[2:])}
+        return {"side": name, "how": how, "command": " ".join(cmd[2:])}
     n, wall = timed["versions"], sum(timed["times"])
     steps = set(range(args.warmup + 1, args.warmup + n + 1))
     tokens = sum(v for _, s, v in scalars(run_dir / "tb" / "learner0").get("learner/completion_tokens", [])
                  if s in steps)
-    return rates("distrl", how, n, wall, tokens, args) | {"command": " ".join(cmd[2:])}
+    return rates(name, how, n, wall, tokens, args) | {"command": " ".join(cmd[2:]), "split_s": timed["split_s"],
+                                                      "version_s_median": timed["version_s_median"]}
 
 
 def rates(side: str, how: str, steps: int, wall: float, tokens: float, args) -> dict:
@@ -200,13 +203,22 @@ def run_process(cmd: list[str], log: Path, hard_s: float, env: dict) -> str:
 
 
 def summarize(workload: str, sides: list[dict]) -> dict:
-    """``vs_trl`` (completions/s) and ``vs_trl_tokens`` against the fastest TRL variant, and every side."""
-    distrl = next((s for s in sides if s["side"] == "distrl" and "completions_per_s" in s), None)
+    """``vs_trl`` (completions/s) and ``vs_trl_tokens`` of the first distrl side (the run's own flags) against
+    the fastest TRL variant, and every side; each further distrl side (``--distrl_flags`` given again) gets
+    its own ``vs_trl`` beside its rates."""
     trl = [s for s in sides if s["side"].startswith("trl:") and "completions_per_s" in s]
     best = max(trl, key=lambda s: s["completions_per_s"], default=None)
-    ratio = lambda key: round(distrl[key] / best[key], 3) if distrl and best and best[key] else None  # noqa: E731
-    return {"workload": workload, "vs_trl": ratio("completions_per_s"), "vs_trl_tokens": ratio("tokens_per_s"),
-            "trl_best": best["side"] if best else None, "sides": sides}
+
+    def ratio(side, key):
+        ok = side and "completions_per_s" in side and best and best[key]
+        return round(side[key] / best[key], 3) if ok else None
+
+    distrl = [s for s in sides if s["side"].startswith("distrl")]
+    for side in distrl[1:]:
+        side["vs_trl"] = ratio(side, "completions_per_s")
+    first = distrl[0] if distrl else None
+    return {"workload": workload, "vs_trl": ratio(first, "completions_per_s"),
+            "vs_trl_tokens": ratio(first, "tokens_per_s"), "trl_best": best["side"] if best else None, "sides": sides}
 
 
 def table(summary: dict) -> str:
@@ -216,7 +228,10 @@ def table(summary: dict) -> str:
             rows.append(f"{s['side']:<12} no window ({s.get('how')})")
             continue
         rows.append(f"{s['side']:<12} {s['steps']:>5} {s['wall_s']:>8.2f} {s['completions_per_s']:>8.2f} "
-                    f"{s['tokens_per_s']:>9.1f} {s['mean_completion_tokens']:>8.1f}  {s['how']}")
+                    f"{s['tokens_per_s']:>9.1f} {s['mean_completion_tokens']:>8.1f}  {s['how']}"
+                    + (f", vs_trl {s['vs_trl']}" if "vs_trl" in s else ""))
+    for i, flags in enumerate(summary.get("distrl_flags", [])):
+        rows.append(f"{'distrl' if i == 0 else f'distrl{i}'}: {flags or '(defaults)'}")
     rows.append(f"{summary['workload']}: distrl / fastest TRL ({summary['trl_best']}) = {summary['vs_trl']} "
                 f"completions/s, {summary['vs_trl_tokens']} tokens/s")
     return "\n".join(rows)
@@ -227,9 +242,10 @@ def run(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     model_dir = prepare_model(args, work)
-    sides = [distrl_side(args, model_dir, work, out)]
+    sides = [distrl_side(args, flags, i, model_dir, work, out) for i, flags in enumerate(args.distrl_flags)]
     sides += [trl_side(args, variant, model_dir, work, out) for variant in args.trl.split(",") if variant]
-    summary = summarize(args.workload, sides) | {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}
+    summary = summarize(args.workload, sides) | {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+                                                 "distrl_flags": args.distrl_flags}
     (out / f"{args.workload}.json").write_text(json.dumps(summary, indent=1))
     print(table(summary))
     print(json.dumps(summary))
@@ -257,7 +273,7 @@ def smoke(args) -> int:
     args.model, args.workload, args.warmup, args.versions = "tiny", "fixed", 1, 2
     args.trl = "hf" if importlib.util.find_spec("triton") else ""
     args.batch_size, args.group_size, args.max_new_tokens = 4, 2, 5
-    args.distrl_flags = (args.distrl_flags + " --torch_threads 1").strip()
+    args.distrl_flags = [(flags + " --torch_threads 1").strip() for flags in args.distrl_flags]
     args.work = tempfile.mkdtemp(prefix="vs_trl_")
     try:
         summary = run(args)
@@ -278,10 +294,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default=None, help="fixed: tokenizer directory of the random 0.5B (Qwen2.5)")
     parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
     parser.add_argument("--trl", default="hf,continuous",
-                        help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}")
+                        help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}; none: no TRL side")
     parser.add_argument("--weights_transport", default="shm", choices=sorted(TRANSPORTS),
                         help="distrl's (shm: full weights through host shared memory, no file)")
-    parser.add_argument("--distrl_flags", default="", help="more `distrl train` flags (one string)")
+    parser.add_argument("--distrl_flags", action="append", default=None,
+                        help="more `distrl train` flags (one string); given again, each string is one more distrl "
+                             "side in the same run (the first one's ratio is the run's vs_trl)")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="default: fixed 128, variable 256")
     parser.add_argument("--batch_size", type=int, default=32, help="prompts per version (TRL: per step)")
     parser.add_argument("--group_size", type=int, default=8, help="completions per prompt")
@@ -294,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model_dir", default=None, help=argparse.SUPPRESS)  # trl mode: the prepared model
     parser.add_argument("--note", default="", help="report: a line kept in the JSON (machine, commit, command)")
     args = parser.parse_args(argv)
+    args.distrl_flags = args.distrl_flags or [""]
+    args.trl = "" if args.trl == "none" else args.trl
     if args.max_new_tokens is None:
         args.max_new_tokens = 256 if args.workload == "variable" else 128
     if args.mode == "run" and args.workload == "variable" and not (args.model and args.dataset):
