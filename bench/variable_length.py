@@ -17,8 +17,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
   kernels of :mod:`rollout.engines.hf_kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
-  skips it) and with their split-K Triton attention instead of FlashAttention (``triton_attention``,
-  ``triton_over_flash``; ``--no-triton-attention`` skips it).
+  skips it) and with FlashAttention's varlen kernel instead of their split-K Triton attention (the default
+  since 2026-12-03: ``flash_attention``, ``triton_over_flash``; ``--no-flash-attention`` skips it).
 - ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
   first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
@@ -90,7 +90,7 @@ def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) 
     return batch / (gemm_s + attn_s), formula
 
 
-def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None, attention: str = "flash"):
+def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None, attention: str = "triton"):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
     ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference); ``kernels=False``:
     without the decode kernels of rollout.engines.hf_kernels (the ``decode`` case's reference)."""
@@ -151,7 +151,7 @@ def case_continuous(model, args, cuda: bool) -> dict:
 
 
 def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None,
-                 attention: str = "flash") -> list[float]:
+                 attention: str = "triton") -> list[float]:
     """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture)."""
     import torch
 
@@ -189,12 +189,12 @@ def case_decode(model, args, cuda: bool) -> dict:
         res[f"b{top}"]["without_kernels"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
         res[f"b{top}"]["kernels_speedup"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
-    if cuda and args.triton_attention:  # the kernels with the split-K Triton attention instead of FlashAttention
-        times = decode_times(model, top, new, args.repeats, cuda, attention="triton")
+    if cuda and args.flash_attention:  # the kernels with FlashAttention's varlen kernel instead of the Triton one
+        times = decode_times(model, top, new, args.repeats, cuda, attention="flash")
         tok_s = top * new / sorted(times)[len(times) // 2]
-        res[f"b{top}"]["triton_attention"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
-                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
-        res[f"b{top}"]["triton_over_flash"] = round(tok_s / res[f"b{top}"]["tok_s"], 3)
+        res[f"b{top}"]["flash_attention"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
+                                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+        res[f"b{top}"]["triton_over_flash"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
     return res
 
 
@@ -300,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="decode: timed calls a batch (median)")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="decode: skip the largest batch's run without the decode kernels (one more compile)")
-    p.add_argument("--attention", default="flash", choices=["flash", "triton"],
+    p.add_argument("--attention", default="triton", choices=["flash", "triton"],
                    help="profile: the decode kernels' attention (rollout.engines.hf_kernels.slot_attention)")
-    p.add_argument("--no-triton-attention", dest="triton_attention", action="store_false",
-                   help="decode: skip the largest batch's run with the split-K Triton attention (one more compile)")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="decode: skip the largest batch's run with FlashAttention's varlen kernel (one more compile)")
     p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -48,7 +48,7 @@ PAD_MULTIPLE = 64  # prompt and completion lengths are rounded up to a multiple 
 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0,
-                      slot_lengths: torch.Tensor | None = None, slot_attention_impl: str = "flash",
+                      slot_lengths: torch.Tensor | None = None, slot_attention_impl: str = "triton",
                       **kwargs) -> tuple[torch.Tensor, None]:
     """Masked softmax attention where the G query heads of a group share one K/V head, read in place.
 
@@ -61,9 +61,9 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         scaling: the score scale (default D ** -0.5). dropout: must be 0 (inference only).
         slot_lengths: (B,) int32, given by the continuous sampler's decode step where its CUDA kernels run
             (:func:`rollout.engines.hf_kernels.available`): Q = 1 and row b attends to its positions
-            0 .. slot_lengths[b] - 1 only (what the mask says too), read by FlashAttention
-            (:func:`rollout.engines.hf_kernels.slot_attention`, kernel ``slot_attention_impl``); the mask is not used
-            then.
+            0 .. slot_lengths[b] - 1 only (what the mask says too), read by
+            :func:`rollout.engines.hf_kernels.slot_attention` (kernel ``slot_attention_impl``: ``triton``, the
+            split-K kernel, or ``flash``); the mask is not used then.
     Returns:
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
