@@ -51,7 +51,7 @@ from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from learn.logprobs import head_impl, token_logprobs, warm_up
 from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.model import body_and_head, export_final, frozen_reference, load_policy, reference_context
+from learn.model import body_and_head, compile_layers, export_final, frozen_reference, load_policy, reference_context
 from learn.optim import build_optimizer
 from learn.quarantine import LearnerAttestation
 from learn.tensor_metrics import to_floats
@@ -123,8 +123,7 @@ class Learner:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()  # Qwen2/Llama have no dropout by default; LoRA is built with lora_dropout=0
         if cfg.learner_compile and self.device.type == "cuda":
-            for layer in self.body.layers:
-                layer.compile(dynamic=True)
+            compile_layers(self.body, packed=cfg.learner_pack_tokens > 0)
         if self.device.type == "cuda" and self.params[0].dtype in (torch.bfloat16, torch.float16):
             # The fp32 head multiplies bf16-valued hidden states and weights: TF32 inputs hold bf16 values
             # exactly, so the forward logits keep fp32 accumulation at tensor-core speed. (An fp32 model

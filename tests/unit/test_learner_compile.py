@@ -1,0 +1,69 @@
+"""--learner_compile: `learn.model.compile_layers` compiles at start every variant of the decoder layers' inputs a
+micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 each recompile of the
+0.5B architecture's layers took about 8 s, in the middle of a version).
+
+On CPU with torch.compile's ``eager`` backend: the guards and recompiles are dynamo's, the same as on CUDA;
+only the code generation differs. The micro-batches go through the learner's own collate / pack / forward /
+backward (``Learner.accumulate``)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+import torch._dynamo.utils as dynamo_utils
+
+from distrl.cmd.config import TrainConfig
+from distrl.core.wire import table_from_rows
+from learn.learner import Learner
+from learn.model import compile_layers
+from tests.helpers import make_group
+from tests.unit.test_packing import ADDRESS, rows_of_mixed_lengths, tiny  # noqa: F401 (fixture)
+
+
+def tables() -> list[pa.Table]:
+    """Micro-batches of the shapes that used to recompile: padded rows, rows of equal length (no padding:
+    transformers passes no mask), a single row, and new lengths."""
+    equal = pa.concat_tables([make_group(f"e{g}", group_size=1, rewards=[1.0], completion_len=5, prompt_len=4)
+                              for g in range(3)])
+    one = make_group("one", group_size=1, rewards=[1.0], completion_len=7, prompt_len=3)
+    return [table_from_rows(rows_of_mixed_lengths(seed=s)) for s in (0, 1)] + [equal, one]
+
+
+def graphs_after(lrn: Learner) -> list[int]:
+    """Graphs dynamo has compiled so far, after the learner's forward/backward over each of :func:`tables`."""
+    graphs = []
+    for table in tables():
+        norm, advantages, _ = lrn.prepare(table)
+        lrn.accumulate(table, advantages + 1.0, norm)  # advantages never all 0: a gradient each time
+        lrn.optimizer.zero_grad(set_to_none=True)
+        graphs.append(dynamo_utils.counters["stats"]["unique_graphs"])
+    return graphs
+
+
+@pytest.mark.parametrize("pack_tokens", [0, 24])
+def test_no_recompile_after_the_warm_up(tiny, pack_tokens):  # noqa: F811
+    cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
+                      learner_chunk_size=16, learner_pack_tokens=pack_tokens)
+    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    compile_layers(lrn.body, packed=pack_tokens > 0, backend="eager")
+    warm = dynamo_utils.counters["stats"]["unique_graphs"]
+    assert warm > 0
+    assert all(p.grad is None for p in lrn.params)  # the warm-up leaves no gradient behind
+    assert graphs_after(lrn) == [warm] * len(tables())
+
+
+def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
+    """The same micro-batches after a plain per-layer compile: the unpadded one and the single row each compile
+    new graphs (what the warm-up moves to the start)."""
+    cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
+                      learner_chunk_size=16)
+    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    for layer in lrn.body.layers:
+        layer.compile(dynamic=True, backend="eager")
+    padded, _, unpadded, single = graphs_after(lrn)
+    assert padded < unpadded < single
