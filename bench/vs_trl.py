@@ -20,7 +20,9 @@ Sides:
   distrl side per string in the same run, each with its own ratio); the window is ``--versions``
   policy versions after ``--warmup``, timed from the learner's TensorBoard (``learner/policy_version`` wall
   times; tokens from ``learner/completion_tokens``); one more version runs after it, since the learner writes
-  its final checkpoint inside the last (TRL's side saves none).
+  its final checkpoint inside the last (TRL's side saves none). Each distrl side also reports ``startup_s`` (launch
+  to the first version), ``recompiles_after_warmup`` (``TORCH_LOGS=recompiles`` in its logs, from the window's
+  start) and ``graph_captures_after_warmup``.
 - ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
   by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
   step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``continuous``
@@ -54,7 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.real_workload import phases, scalars  # noqa: E402
+from bench.real_workload import phases, recompiles, scalars  # noqa: E402
 from distrl.weights import TRANSPORTS  # noqa: E402
 
 TRL_VARIANTS = {"hf": {}, "continuous": {"use_transformers_continuous_batching": True},
@@ -106,17 +108,23 @@ def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: P
            "--weights_transport", args.weights_transport,
            "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
            "--no_console", "--log_dir", str(work), "--run_name", name, *flags.split()]
-    how = run_process(cmd, out / f"{name}.log", args.hard_s, {"RAY_TMPDIR": ray_tmp})
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    started = time.time()
+    how = run_process(cmd, out / f"{name}.log", args.hard_s,
+                      {"RAY_TMPDIR": ray_tmp, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")})
     timed = phases(run_dir, args.warmup, args.versions)  # not the last: it also writes the final checkpoint
     if not timed.get("versions"):
+        shutil.rmtree(ray_tmp, ignore_errors=True)
         return {"side": name, "how": how, "command": " ".join(cmd[2:])}
+    after, total = recompiles([out / f"{name}.log", run_dir / "logs", Path(ray_tmp)], timed["measured_from_wall"])
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     n, wall = timed["versions"], sum(timed["times"])
     steps = set(range(args.warmup + 1, args.warmup + n + 1))
     tokens = sum(v for _, s, v in scalars(run_dir / "tb" / "learner0").get("learner/completion_tokens", [])
                  if s in steps)
-    return rates(name, how, n, wall, tokens, args) | {"command": " ".join(cmd[2:]), "split_s": timed["split_s"],
-                                                      "version_s_median": timed["version_s_median"]}
+    return rates(name, how, n, wall, tokens, args) | {
+        "command": " ".join(cmd[2:]), "split_s": timed["split_s"], "version_s_median": timed["version_s_median"],
+        "startup_s": round(timed["first_version_wall"] - started, 1), "recompiles_after_warmup": after,
+        "recompiles": total, "graph_captures_after_warmup": timed["graph_captures_after_warmup"]}
 
 
 def rates(side: str, how: str, steps: int, wall: float, tokens: float, args) -> dict:
@@ -229,7 +237,9 @@ def table(summary: dict) -> str:
             continue
         rows.append(f"{s['side']:<12} {s['steps']:>5} {s['wall_s']:>8.2f} {s['completions_per_s']:>8.2f} "
                     f"{s['tokens_per_s']:>9.1f} {s['mean_completion_tokens']:>8.1f}  {s['how']}"
-                    + (f", vs_trl {s['vs_trl']}" if "vs_trl" in s else ""))
+                    + (f", vs_trl {s['vs_trl']}" if "vs_trl" in s else "")
+                    + (f", start-up {s['startup_s']} s, recompiles after warm-up {s['recompiles_after_warmup']}"
+                       if "startup_s" in s else ""))
     for i, flags in enumerate(summary.get("distrl_flags", [])):
         rows.append(f"{'distrl' if i == 0 else f'distrl{i}'}: {flags or '(defaults)'}")
     rows.append(f"{summary['workload']}: distrl / fastest TRL ({summary['trl_best']}) = {summary['vs_trl']} "

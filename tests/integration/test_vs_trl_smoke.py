@@ -33,6 +33,8 @@ def test_smoke_times_the_distrl_side(tmp_path):
     wall = distrl["wall_s"]  # rounded to 1 ms: at ~50 ms that alone moves 16 / wall by 1 %
     assert 0.999 * 16 / (wall + 5e-4) <= distrl["completions_per_s"] <= 1.001 * 16 / max(wall - 5e-4, 1e-6)
     assert distrl["mean_completion_tokens"] == 5.0
+    # nothing is compiled on CPU: no recompile (TORCH_LOGS=recompiles is read from the side's logs)
+    assert distrl["recompiles_after_warmup"] == 0 and distrl["recompiles"] == 0 and distrl["startup_s"] > 0
     assert math.isclose(distrl["tokens_per_s"], 5 * distrl["completions_per_s"], rel_tol=0.01)
     if importlib.util.find_spec("triton") is None:
         assert len(summary["sides"]) == 1 and summary["vs_trl"] is None and summary["trl_best"] is None
