@@ -5,7 +5,8 @@ written to ``--out`` after every case):
 
 - ``mfu``: learner tokens/s and MFU of one optimizer step (full fine-tuning, bf16, sdpa, fp32 chunked
   head in TF32) on a random-init Qwen2.5 architecture, padded against packed micro-batches, with and
-  without gradient checkpointing, compiled layers, the Cut Cross-Entropy or halfmm head (``--mfu_variants``);
+  without gradient checkpointing, compiled layers, the Cut Cross-Entropy or halfmm head (``--mfu_variants``;
+  ``defaults``: the learner as `distrl train` runs it), or on a given model (``--model``: a directory or GGUF);
   a torch profiler summary of one step of ``--profile_variant`` (``profile_learner.txt``); on a GPU
   (case ``headcheck``), a check of the CCE and halfmm heads against the chunked fp32 one (logprobs,
   gradients, one timing each).
@@ -121,7 +122,7 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
     n, group, prompt_len = args.mfu_completions, 8, args.prompt_len
     rnd = random.Random(1)
     lens = [rnd.randint(args.max_new_tokens // 4, args.max_new_tokens) for _ in range(n)]  # varied lengths
-    table = synthetic_rows(n, group, prompt_len, lens, 151936)
+    table = synthetic_rows(n, group, prompt_len, lens, vocab_size(model_dir))
     seq_lens = [prompt_len + c - 1 for c in lens]
     results = {}
     for name in args.mfu_variants.split(","):
@@ -142,12 +143,20 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
             "variants": results, "best": best, "mfu": results[best]["mfu"]}
 
 
+def vocab_size(model_dir) -> int:
+    """The vocabulary size in ``model_dir``'s config.json (token ids of the synthetic rows stay below it)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return config.get("text_config", config)["vocab_size"]
+
+
 def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]:
     """(pack tokens, checkpointing, compiled, head) of a variant name: ``padded`` or ``packed`` or
-    ``pack<N>`` (rows of N tokens), then any of ``+ckpt``, ``+compile``, and one of ``+cce``, ``+halfmm``
-    (``--learner_head``; else the chunked head). Raises ValueError on an unknown name or option, or both heads."""
+    ``pack<N>`` (rows of N tokens) or ``defaults`` (the learner as `distrl train` runs it: micro-batches by
+    --learner_chunk_tokens, not --chunk, and the ``auto`` head), then any of ``+ckpt``, ``+compile``, and one of
+    ``+cce``, ``+halfmm`` (``--learner_head``; else the chunked head, ``auto`` for ``defaults``). Raises
+    ValueError on an unknown name or option, or both heads."""
     base, *opts = name.split("+")
-    if base == "padded":
+    if base in ("padded", "defaults"):
         pack = 0
     elif base == "packed":
         pack = pack_tokens
@@ -161,7 +170,7 @@ def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]
     heads = [o for o in ("cce", "halfmm") if o in opts]
     if len(heads) > 1:
         raise ValueError(f"learner variant {name!r} names two heads ({' and '.join(heads)}): pick one")
-    return pack, "ckpt" in opts, "compile" in opts, heads[0] if heads else "chunked"
+    return pack, "ckpt" in opts, "compile" in opts, heads[0] if heads else ("auto" if base == "defaults" else "chunked")
 
 
 def head_check(model_dir: Path, n: int = 8192) -> dict:
@@ -223,11 +232,13 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     from learn.learner import Learner
 
     cuda = torch.cuda.is_available()
+    # defaults: micro-batches by --learner_chunk_tokens and the head's chunk as distrl train's; else the bench's
+    sizes = {} if name.startswith("defaults") else dict(learner_chunk_size=args.chunk,
+                                                          learner_head_chunk_tokens=args.head_chunk)
     cfg = TrainConfig(model=str(model_dir), backend="hf", finetune="full", dtype="bfloat16" if cuda else "float32",
-                      learning_rate=1e-6, learner_chunk_size=args.chunk, learner_pack_tokens=pack_tokens,
-                      gradient_checkpointing=ckpt, learner_head_chunk_tokens=args.head_chunk,
+                      learning_rate=1e-6, learner_pack_tokens=pack_tokens, gradient_checkpointing=ckpt,
                       learner_compile=compiled, learner_head=head, max_new_tokens=args.max_new_tokens,
-                      batch_size=groups, group_size=group)
+                      batch_size=groups, group_size=group, **sizes)
     lrn = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", str(model_dir))
     flops = model_flops(lrn.model.config, seq_lens, sum(lens))
     for _ in range(args.warmup):
@@ -554,6 +565,8 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU smoke test")
     p.add_argument("--tokenizer", default=str(ROOT.parent / "shared" / "data" / "tokenizers" / "qwen2.5"))
     p.add_argument("--arch", default=None, help="model architecture (default qwen2.5-0.5b; tiny with --tiny)")
+    p.add_argument("--model", default=None, help="a model directory or GGUF file used instead of a random --arch "
+                   "(e.g. SmolLM2-135M-Instruct, to time its learner step)")
     p.add_argument("--cases", default="mfu,async,trl,generate")
     p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "results")))
     p.add_argument("--work", default="/tmp/gpu_pipeline")
@@ -609,7 +622,13 @@ def main(argv=None) -> int:
         results = results.get("details", results)  # gpu_pipeline.json or gpu_pipeline.partial.json
         machine = results["machine"]
     needs_model = any(c in ("mfu", "async", "trl", "colocated", "headcheck") for c in args.cases.split(","))
-    model_dir = build_model(args.arch, args.tokenizer, Path(args.work) / f"model-{args.arch}") if needs_model else None
+    model_dir = None
+    if needs_model and args.model:
+        from distrl.core.gguf import resolve_model
+
+        model_dir = Path(resolve_model(args.model))
+    elif needs_model:
+        model_dir = build_model(args.arch, args.tokenizer, Path(args.work) / f"model-{args.arch}")
     cases = {"mfu": ("learner_mfu", case_mfu), "async": ("async", case_async), "trl": ("trl", case_trl),
              "colocated": ("colocated", case_colocated), "headcheck": ("head_check", case_headcheck),
              "generate": ("generate", case_generate)}

@@ -20,6 +20,9 @@
 #                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
+#   learner[:VARIANTS[:PROMPT:NEW]] bench.gpu_pipeline --cases mfu on SmolLM2 (the .gguf): the learner step of
+#                                 --mfu_variants VARIANTS (default defaults,defaults+compile; the first is profiled)
+#                                 on 256 rows of PROMPT (default 128) + up to NEW (default 256) tokens
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
@@ -109,6 +112,10 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
+    learner) local variants=${a:-defaults,defaults+compile}
+          step "$k-learner" bash "$0" env-run python3 -m bench.gpu_pipeline --cases mfu --model "$model" \
+          --mfu_variants "$variants" --profile_variant "${variants%%,*}" --prompt_len "${b:-128}" \
+          --max_new_tokens "${c:-256}" --out "$g/learner$k" --work "/tmp/learner$k" ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
   esac
 }
