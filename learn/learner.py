@@ -161,8 +161,9 @@ class Learner:
         """Learner logprobs (b, T) fp32, zero off the completion [, entropy (n,)]; the head runs on
         completion positions only (prompt logits are never needed)."""
         index = mb.completion_index  # (n,) flat positions of mask > 0, row-major
-        if mb.packed_ids is None:
-            hidden = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+        if mb.packed_ids is None:  # no mask: rows are right-padded, so causal attention never reaches a pad from a
+            # real token (the pads' own outputs are never read), and sdpa runs its fused causal kernel
+            hidden = body(input_ids=mb.input_ids, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, index)  # (n, H), completion positions only
         else:  # packed rows: no attention mask, positions restart per sequence (see `pack`)
             hidden = body(input_ids=mb.packed_ids, position_ids=mb.packed_positions, use_cache=False).last_hidden_state

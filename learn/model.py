@@ -159,31 +159,25 @@ def export_final(model, directory: str | Path, model_dir: str, tokenizer: Option
 
 def compile_layers(body: torch.nn.Module, packed: bool, backend: str = "inductor") -> None:
     """``torch.compile`` each decoder layer of ``body`` (dynamic shapes), then compile now every variant of the
-    layers' inputs a learner micro-batch can bring, so that no batch recompiles mid-run (each recompile of the
-    0.5B architecture's layers took about 8 s on an H200; --learner_compile).
+    layers' inputs a learner micro-batch can bring, so that no batch recompiles mid-run (--learner_compile; on
+    an H200 a learner step that compiles the 0.5B architecture's layers takes 8-10 s).
 
-    Dynamic shapes still guard on what changes the traced code: whether transformers passes the layers an
-    attention mask or None (None when no row of the micro-batch is padded) and a batch of one row (sizes 0
-    and 1 are specialized). The warm-up runs a forward and backward of 8 tokens for each: rows 2 and 1, padded
-    and not (``packed``: rows of one sequence and of two, position ids restarting, as `learn.batch.pack` lays
-    them, with no mask). Gradients are left as None. ``backend``: torch.compile's (tests use ``eager``).
+    Dynamic shapes still guard on what changes the traced code: a batch of one row (sizes 0 and 1 are
+    specialized) and, with ``packed`` rows, whether transformers passes the layers a mask (rows of two or
+    more sequences) or None (each row one sequence). The warm-up runs a forward and backward of 8 tokens for
+    each: rows 2 and 1 (``packed``: each with one sequence a row and with two, position ids restarting, as
+    `learn.batch.pack` lays them). Padded micro-batches run without a mask (`Learner._logprobs`), so they
+    bring no more variants. Gradients are left as None. ``backend``: torch.compile's (tests use ``eager``).
     """
     for layer in body.layers:
         layer.compile(dynamic=True, backend=backend)
     device = next(body.parameters()).device
-    # (rows, split): packed, split = two sequences in each row; else split = the last row padded (one row
-    # alone is never padded: micro-batches pad to their longest row)
-    variants = [(2, False), (2, True), (1, False), (1, True)] if packed else [(2, False), (2, True), (1, False)]
-    for rows, split in variants:
-        ids = torch.zeros(rows, 8, dtype=torch.long, device=device)
-        if packed:
+    for rows in (2, 1):
+        for split in (False, True) if packed else (False,):  # split: two sequences in each packed row
+            ids = torch.zeros(rows, 8, dtype=torch.long, device=device)
             positions = torch.arange(8, device=device).repeat(rows, 1)
             positions[:, 4:] -= 4 * split
-            kwargs = {"position_ids": positions}
-        else:
-            mask = torch.ones_like(ids)
-            mask[-1, -1] = 0 if split else 1
-            kwargs = {"attention_mask": mask}
-        body(input_ids=ids, use_cache=False, **kwargs).last_hidden_state.float().sum().backward()
+            kwargs = {"position_ids": positions} if packed else {}
+            body(input_ids=ids, use_cache=False, **kwargs).last_hidden_state.float().sum().backward()
     for p in body.parameters():
         p.grad = None

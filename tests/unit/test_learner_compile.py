@@ -22,8 +22,8 @@ from tests.unit.test_packing import ADDRESS, rows_of_mixed_lengths, tiny  # noqa
 
 
 def tables() -> list[pa.Table]:
-    """Micro-batches of the shapes that used to recompile: padded rows, rows of equal length (no padding:
-    transformers passes no mask), a single row, and new lengths."""
+    """Micro-batches of new shapes: padded rows of two sets of lengths, rows of equal length (no padding), a
+    single row."""
     equal = pa.concat_tables([make_group(f"e{g}", group_size=1, rewards=[1.0], completion_len=5, prompt_len=4)
                               for g in range(3)])
     one = make_group("one", group_size=1, rewards=[1.0], completion_len=7, prompt_len=3)
@@ -56,8 +56,8 @@ def test_no_recompile_after_the_warm_up(tiny, pack_tokens):  # noqa: F811
 
 
 def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
-    """The same micro-batches after a plain per-layer compile: the unpadded one and the single row each compile
-    new graphs (what the warm-up moves to the start)."""
+    """The same micro-batches after a plain per-layer compile: the single row compiles new graphs (what the
+    warm-up moves to the start); padded and unpadded rows share theirs (no mask either way)."""
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
                       learner_chunk_size=16)
     lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
@@ -66,4 +66,22 @@ def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
     for layer in lrn.body.layers:
         layer.compile(dynamic=True, backend="eager")
     padded, _, unpadded, single = graphs_after(lrn)
-    assert padded < unpadded < single
+    assert padded == unpadded < single
+
+
+def test_padded_rows_need_no_mask(tiny):  # noqa: F811
+    """The learner runs padded micro-batches without an attention mask: rows are right-padded, so under causal
+    attention no real token sees a pad. Its hidden states at real tokens equal those of the masked forward."""
+    from learn.batch import collate
+    from learn.model import body_and_head, load_policy
+
+    model = load_policy(tiny, "float32", finetune="full", backend="hf", seed=0)
+    body, _ = body_and_head(model)
+    mb = collate(tables()[0], pad_id=0)
+    assert (mb.attention_mask == 0).any()  # some rows are padded
+    with torch.no_grad():
+        masked = body(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).last_hidden_state
+        plain = body(input_ids=mb.input_ids, use_cache=False).last_hidden_state
+    real = mb.attention_mask > 0
+    torch.testing.assert_close(plain[real], masked[real], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(plain[~real], masked[~real])  # only the pads' own outputs differ (never read)
