@@ -101,8 +101,8 @@ class LearnOptions:
     learner_compile: bool = False
     """`torch.compile` each decoder layer of the learner's model (dynamic shapes; fuses the norms,
     activations and rotary embeddings). The learner compiles at start every variant of the layers' inputs a
-    micro-batch can bring (padded or not, one row or more: `learn.model.compile_layers`), so no batch
-    recompiles mid-run. CUDA only: ignored on CPU."""
+    micro-batch can bring (one row or more; packed rows with or without a mask: `learn.model.compile_layers`),
+    so no batch recompiles mid-run. CUDA only: ignored on CPU."""
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None

@@ -113,7 +113,7 @@ class ContinuousSampler:
 
     Args: as :class:`rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
     cuda_graphs, interval, compile_step, compile_dynamic), and ``kernels``: the decode step's CUDA kernels
-    (:mod:`rollout.engines.hf_kernels`: FlashAttention over each slot's own positions, the pick in one pass over
+    (:mod:`rollout.engines.hf_kernels`: attention over each slot's own positions, the pick in one pass over
     the logits); None (default) uses them where :func:`rollout.engines.hf_kernels.available`. The step's noise then
     comes from Philox seeded from ``generator`` once per state, not from ``generator`` every step.
     ``decode_attention``: the kernels' attention, ``triton`` (the default: split-K, 1.27x FlashAttention's
