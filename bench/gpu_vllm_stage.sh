@@ -8,8 +8,9 @@
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
 #   bash bench/gpu_vllm_stage.sh install && bash bench/gpu_vllm_stage.sh env-run python3 -m bench.gpu_vllm ...
 # or, to outlast one call's 10 minutes: `start DIR "STEP ..."` queues install and each STEP, run in order by one
-# background job (setsid) that logs to /tmp/g22 (DIR: the last piece, staged by the same call; "-": none); a later
-# `start - "STEP ..."` while it runs adds to its queue (after it ended: starts a new job). STEP:
+# background job (setsid) that logs to /tmp/g22 (DIR: the last piece, staged by the same call; "-": none) and runs
+# the code as it was at that `start` (a snapshot in /tmp/g22src); a later `start - "STEP ..."` while it runs adds to
+# its queue, run with that snapshot too (after it ended: starts a new job, with a new snapshot). STEP:
 #   vllm[:CASES]                  bench.gpu_vllm --cases CASES (default equal,decode)
 #   launchers[:ENGINES[:FT]]      bench.gpu_vllm --cases launchers,trl --engines ENGINES (default vllm,hf)
 #                                 --finetunes FT (default full; full,lora)
@@ -140,7 +141,12 @@ case "$mode" in
     steps="install ${3:-vllm launchers}"  # install: once per machine, a no-op after
     spawn=$(flock /tmp/g22/lock bash -c 'printf "%s\n" $0 >> /tmp/g22/queue; rm -f /tmp/g22/DONE
       [ -f /tmp/g22/RUNNING ] && echo no || { touch /tmp/g22/RUNNING; echo yes; }' "$steps")
-    [ "$spawn" = yes ] && setsid nohup bash "$0" session >> /tmp/g22/session.log 2>&1 < /dev/null &
+    if [ "$spawn" = yes ]; then  # the job runs from a snapshot of the tree: each later device call copies the
+      # working tree again, and a process that starts meanwhile once imported a half-copied package (2026-12-03)
+      rm -rf /tmp/g22src && mkdir -p /tmp/g22src
+      tar -C "$ROOT" --exclude=./.gpu --exclude=./.venv --exclude=./.git --exclude=./runs -cf - . | tar -C /tmp/g22src -xf -
+      setsid nohup bash /tmp/g22src/bench/gpu_vllm_stage.sh session >> /tmp/g22/session.log 2>&1 < /dev/null &
+    fi
     sleep 2; cat /tmp/g22/steps; echo "queued: $(tr '\n' ' ' < /tmp/g22/queue)" ;;
   session) cd "$ROOT" && session ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
