@@ -6,11 +6,13 @@ position of every slot (:func:`rollout.engines.hf_fast.grouped_attention`) took 
 the pick (:func:`rollout.engines.hf_fast.pick`: an Exp(1) draw written over the (B, V) fp32 logits, then an
 argmax pass and a logsumexp pass) about 1.6 ms, where reading the logits once takes 0.15 ms.
 
-- :func:`slot_attention`: FlashAttention's variable-length kernel as torch ships it
-  (``aten._flash_attention_forward``, the op under ``torch.nn.attention.varlen``) with ``seqused_k``: slot b
-  attends to its positions 0 .. lengths[b] - 1 only, each K/V head's G query heads as G query rows. The
-  slots' K/V live in one (B, L, Hkv, D) buffer, so slot b's keys are rows b * L .. b * L + L - 1 of its
-  (B * L, Hkv, D) view: a view, no copy.
+- :func:`slot_attention`: slot b attends to its positions 0 .. lengths[b] - 1 only. By default a split-K Triton
+  kernel (:func:`decode_attention`: several programs per (slot, K/V head), each over a share of the positions,
+  then a pass that combines them; 1.27x FlashAttention's step at 1024 slots, BENCHMARKS.md seventh round), for
+  head sizes that are a power of 2 of at least 16; else, or with ``impl="flash"``, FlashAttention's
+  variable-length kernel as torch ships it (``aten._flash_attention_forward`` with ``seqused_k``, each K/V head's
+  G query heads as G query rows). The slots' K/V live in one (B, L, Hkv, D) buffer, so slot b's keys are rows
+  b * L .. b * L + L - 1 of its (B * L, Hkv, D) view: a view, no copy.
 - :func:`sample_rows`: one Triton program per row reads its logits once and keeps, per lane, the running max
   and sum of exp (the logsumexp, online) and the best key so far: the logit itself (greedy, T = 0) or
   ``logit / T + G`` with G = -log(-log U) Gumbel noise from Philox (``tl.rand4x``), keyed by the step's seed and
@@ -37,7 +39,8 @@ ROW_SEED_SHIFT = 24  # a row's Philox seed: step seed * 2**24 + row (rows < 16M)
 
 def available(model) -> bool:
     """Whether the decode step can use these kernels: a CUDA model in bf16 or fp16 with head dim <= 256 (a
-    multiple of 8), triton importable, and FlashAttention in this torch."""
+    multiple of 8), triton importable, and FlashAttention in this torch (the attention of head sizes the Triton
+    kernel does not take)."""
     if triton is None or model.device.type != "cuda" or model.dtype not in (torch.bfloat16, torch.float16):
         return False
     cfg = model.config.get_text_config()
@@ -51,7 +54,8 @@ ATTENTION_IMPLS = ("flash", "triton")  # slot_attention's kernels
 def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
                    scale: float, impl: str = "triton") -> torch.Tensor:
     """Decode attention of n slots, each over its own first ``lengths[b]`` positions: the split-K Triton kernel
-    (``impl="triton"``, :func:`decode_attention`) or FlashAttention varlen (``"flash"``). On an H200
+    (``impl="triton"``, :func:`decode_attention`, for head sizes :func:`triton_head_dim` takes; FlashAttention
+    for the others) or FlashAttention varlen (``"flash"``). On an H200
     (2026-12-03, the 0.5B architecture, 1024 rows, mean context 192) the decode step ran 1.27x faster with the
     Triton kernel: FlashAttention runs one 128-row tile per (slot, head) and is bound by each block's latency.
 
@@ -67,10 +71,10 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         RuntimeError: from FlashAttention for inputs it does not take (e.g. fp32, CPU tensors).
         ValueError: an unknown ``impl``.
     """
-    if impl == "triton":
-        return decode_attention(query, key, value, lengths, scale)
-    if impl != "flash":
+    if impl not in ATTENTION_IMPLS:
         raise ValueError(f"unknown decode attention {impl!r}; expected one of {ATTENTION_IMPLS}")
+    if impl == "triton" and triton_head_dim(query.shape[-1]):
+        return decode_attention(query, key, value, lengths, scale)
     n, hkv, length, d = key.shape
     h = query.shape[1]
     g = h // hkv
@@ -102,6 +106,12 @@ def decode_splits(n: int, hkv: int, length: int, device: torch.device) -> int:
     return max(1, min(-(-length // DECODE_BLOCK_N), -(-2 * sms // (n * hkv))))
 
 
+def triton_head_dim(d: int) -> bool:
+    """Whether :func:`decode_attention` takes head size ``d``: a power of 2 (``tl.arange``), at least 16
+    (``tl.dot``). Others (e.g. 80, 96) go through FlashAttention."""
+    return d >= 16 and d & (d - 1) == 0
+
+
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """Decode attention of n slots over their own first ``lengths[b]`` positions, in Triton: a program per (slot,
@@ -111,7 +121,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 
     Raises:
         RuntimeError: without triton.
+        ValueError: a head size :func:`triton_head_dim` rejects.
     """
+    if not triton_head_dim(query.shape[-1]):
+        raise ValueError(f"decode_attention takes head sizes that are a power of 2 >= 16, not {query.shape[-1]}")
     if triton is None:
         raise RuntimeError("decode_attention needs triton (a CUDA build of torch)")
     n, h = query.shape[0], query.shape[1]

@@ -51,3 +51,8 @@ def test_decode_kernels_stay_off_where_they_cannot_run_and_split_positions_by_ne
     assert hf_kernels.decode_splits(8, 2, 320, cpu) == 5  # 17 wanted, 5 blocks of 64 positions
     assert hf_kernels.decode_splits(8, 2, 4096, cpu) == 17
     assert hf_kernels.decode_splits(1, 1, 10, cpu) == 1
+    # the Triton attention takes head sizes that are powers of 2 from 16; others (Phi-2's 80) use FlashAttention
+    assert [d for d in (8, 16, 64, 80, 96, 128, 256) if hf_kernels.triton_head_dim(d)] == [16, 64, 128, 256]
+    q = torch.zeros(1, 2, 1, 80)
+    with pytest.raises(ValueError, match="power of 2 >= 16, not 80"):
+        hf_kernels.decode_attention(q, q, q, torch.ones(1, dtype=torch.int32), 1.0)
