@@ -144,7 +144,10 @@ case "$mode" in
     if [ "$spawn" = yes ]; then  # the job runs from a snapshot of the tree: each later device call copies the
       # working tree again, and a process that starts meanwhile once imported a half-copied package (2026-12-03)
       rm -rf /tmp/g22src && mkdir -p /tmp/g22src
-      tar -C "$ROOT" --exclude=./.gpu --exclude=./.venv --exclude=./.git --exclude=./runs -cf - . | tar -C /tmp/g22src -xf -
+      if ! tar -C "$ROOT" --exclude=./.gpu --exclude=./.venv --exclude=./.git --exclude=./runs -cf - . \
+          | tar -C /tmp/g22src -xf -; then  # no job: the next start must spawn one
+        rm -f /tmp/g22/RUNNING; echo "start: the snapshot of $ROOT failed; nothing runs" >&2; exit 1
+      fi
       setsid nohup bash /tmp/g22src/bench/gpu_vllm_stage.sh session >> /tmp/g22/session.log 2>&1 < /dev/null &
     fi
     sleep 2; cat /tmp/g22/steps; echo "queued: $(tr '\n' ' ' < /tmp/g22/queue)" ;;

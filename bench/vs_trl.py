@@ -47,6 +47,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: P
            "--engine", "hf", "--backend", "hf", "--finetune", "full", "--max_staleness", "1",
            "--weights_transport", args.weights_transport,
            "--learning_rate", str(args.lr), "--seed", "1", "--checkpoint_every", "0", "--export_final", "off",
-           "--no_console", "--log_dir", str(work), "--run_name", name, *flags.split()]
+           "--no_console", "--log_dir", str(work), "--run_name", name, *shlex.split(flags)]
     started = time.time()
     how = run_process(cmd, out / f"{name}.log", args.hard_s,
                       {"RAY_TMPDIR": ray_tmp, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")})

@@ -187,6 +187,9 @@ class LearnOptions:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.learner_pack_tokens < 0:
             raise ValueError(f"--learner_pack_tokens must be >= 0 (0: no packing), got {self.learner_pack_tokens}")
+        if self.learner_compile and self.learner_generates:
+            raise ValueError("--learner_compile with --learner_generates: the generator would run the learner's compiled "
+                             "layers with a KV cache and recompile them mid-run; pass one of the two")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.attest_max_bad_versions < 0 or not (self.attest_tolerance is None or self.attest_tolerance > 0):

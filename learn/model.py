@@ -19,7 +19,9 @@ the whole model (``config.json`` + ``model*.safetensors``), which an engine load
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import logging
 from pathlib import Path
 from typing import Optional, Sequence
@@ -157,27 +159,44 @@ def export_final(model, directory: str | Path, model_dir: str, tokenizer: Option
     return final
 
 
-def compile_layers(body: torch.nn.Module, packed: bool, backend: str = "inductor") -> None:
-    """``torch.compile`` each decoder layer of ``body`` (dynamic shapes), then compile now every variant of the
+def compile_layers(model, packed: bool, kl: bool = False, backend: str = "inductor") -> None:
+    """``torch.compile`` each decoder layer of ``model`` (dynamic shapes), then compile now every variant of the
     layers' inputs a learner micro-batch can bring, so that no batch recompiles mid-run (--learner_compile; on
     an H200 a learner step that compiles the 0.5B architecture's layers takes 8-10 s).
 
     Dynamic shapes still guard on what changes the traced code: a batch of one row (sizes 0 and 1 are
-    specialized) and, with ``packed`` rows, whether transformers passes the layers a mask (rows of two or
-    more sequences) or None (each row one sequence). The warm-up runs a forward and backward of 8 tokens for
-    each: rows 2 and 1 (``packed``: each with one sequence a row and with two, position ids restarting, as
-    `learn.batch.pack` lays them). Padded micro-batches run without a mask (`Learner._logprobs`), so they
-    bring no more variants. Gradients are left as None. ``backend``: torch.compile's (tests use ``eager``).
+    specialized); with ``packed`` rows, whether transformers passes the layers a mask (rows of two or more
+    sequences) or None (each row one sequence); and the mode: with gradients (training), without (the weight
+    check's canary forward) and, for a LoRA model with a KL term (``kl``), without gradients and with the
+    adapter disabled (the reference's forward). The warm-up runs a forward (and in training a backward) of
+    8 tokens for each: rows 2 and 1 (``packed``: each with one sequence a row and with two, position ids
+    restarting, as `learn.batch.pack` lays them), in each mode. Padded micro-batches run without a mask
+    (`Learner._logprobs`), so they bring no more variants. A micro-batch one token wide would still compile once.
+    Dynamo's limit of compiled variants per function is raised to 64 (a LoRA model doubles them: layer 0's
+    input needs no gradient, the others' do). Gradients are left as None. ``backend``: torch.compile's (tests
+    use ``eager``).
     """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    body, _ = body_and_head(model)
     for layer in body.layers:
         layer.compile(dynamic=True, backend=backend)
     device = next(body.parameters()).device
-    for rows in (2, 1):
+
+    @contextlib.contextmanager
+    def in_reference():
+        with torch.no_grad(), reference_context(model):
+            yield
+
+    modes = [contextlib.nullcontext, torch.no_grad] + ([in_reference] if kl and is_peft(model) else [])
+    for mode, rows in itertools.product(modes, (2, 1)):
         for split in (False, True) if packed else (False,):  # split: two sequences in each packed row
             ids = torch.zeros(rows, 8, dtype=torch.long, device=device)
             positions = torch.arange(8, device=device).repeat(rows, 1)
             positions[:, 4:] -= 4 * split
             kwargs = {"position_ids": positions} if packed else {}
-            body(input_ids=ids, use_cache=False, **kwargs).last_hidden_state.float().sum().backward()
+            with mode():
+                hidden = body(input_ids=ids, use_cache=False, **kwargs).last_hidden_state
+                if torch.is_grad_enabled():
+                    hidden.float().sum().backward()
     for p in body.parameters():
         p.grad = None

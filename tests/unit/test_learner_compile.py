@@ -2,8 +2,8 @@
 micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 each recompile of the
 0.5B architecture's layers took about 8 s, in the middle of a version).
 
-On CPU with torch.compile's ``eager`` backend: the guards and recompiles are dynamo's, the same as on CUDA;
-only the code generation differs. The micro-batches go through the learner's own collate / pack / forward /
+On CPU with torch.compile's ``eager`` backend: the guards and recompiles checked are dynamo's, which the CUDA
+backend shares (it may add guards of its own, which only a GPU run shows). The micro-batches go through the learner's own collate / pack / forward /
 backward (``Learner.accumulate``)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch._dynamo.utils as dynamo_utils
 
 from distrl.cmd.config import TrainConfig
 from distrl.core.wire import table_from_rows
+from distrl.weights.attest import canary_logprob
 from learn.learner import Learner
 from learn.model import compile_layers
 from tests.helpers import make_group
@@ -31,33 +32,37 @@ def tables() -> list[pa.Table]:
 
 
 def graphs_after(lrn: Learner) -> list[int]:
-    """Graphs dynamo has compiled so far, after the learner's forward/backward over each of :func:`tables`."""
+    """Graphs dynamo has compiled so far, after the learner's forward/backward over each of :func:`tables` (with
+    the KL reference's forward when there is a KL term), then after the weight check's canary forward."""
     graphs = []
     for table in tables():
         norm, advantages, _ = lrn.prepare(table)
         lrn.accumulate(table, advantages + 1.0, norm)  # advantages never all 0: a gradient each time
         lrn.optimizer.zero_grad(set_to_none=True)
         graphs.append(dynamo_utils.counters["stats"]["unique_graphs"])
-    return graphs
+    canary_logprob(lrn.body, lrn.head, lrn.model.config.vocab_size)  # no gradients, one row
+    return graphs + [dynamo_utils.counters["stats"]["unique_graphs"]]
 
 
-@pytest.mark.parametrize("pack_tokens", [0, 24])
-def test_no_recompile_after_the_warm_up(tiny, pack_tokens):  # noqa: F811
+@pytest.mark.parametrize("pack_tokens, flags", [(0, {}), (24, {}), (0, {"finetune": "lora", "kl_coef": 0.1}),
+                                                (24, {"finetune": "lora", "kl_coef": 0.1})])
+def test_no_recompile_after_the_warm_up(tiny, pack_tokens, flags):  # noqa: F811
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
-                      learner_chunk_size=16, learner_pack_tokens=pack_tokens)
+                      learner_chunk_size=16, learner_pack_tokens=pack_tokens, **flags)
     lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
-    compile_layers(lrn.body, packed=pack_tokens > 0, backend="eager")
+    compile_layers(lrn.model, packed=pack_tokens > 0, kl=lrn.cfg.kl_coef > 0, backend="eager")
     warm = dynamo_utils.counters["stats"]["unique_graphs"]
     assert warm > 0
     assert all(p.grad is None for p in lrn.params)  # the warm-up leaves no gradient behind
-    assert graphs_after(lrn) == [warm] * len(tables())
+    assert graphs_after(lrn) == [warm] * (len(tables()) + 1)
 
 
 def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
-    """The same micro-batches after a plain per-layer compile: the single row compiles new graphs (what the
-    warm-up moves to the start); padded and unpadded rows share theirs (no mask either way)."""
+    """The same micro-batches after a plain per-layer compile: the single row and the canary's forward without
+    gradients compile new graphs (what the warm-up moves to the start); padded and unpadded rows share theirs
+    (no mask either way)."""
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
                       learner_chunk_size=16)
     lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
@@ -65,8 +70,8 @@ def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
     dynamo_utils.counters.clear()
     for layer in lrn.body.layers:
         layer.compile(dynamic=True, backend="eager")
-    padded, _, unpadded, single = graphs_after(lrn)
-    assert padded == unpadded < single
+    padded, _, unpadded, single, canary = graphs_after(lrn)
+    assert padded == unpadded < single < canary
 
 
 def test_padded_rows_need_no_mask(tiny):  # noqa: F811
@@ -85,3 +90,8 @@ def test_padded_rows_need_no_mask(tiny):  # noqa: F811
     real = mb.attention_mask > 0
     torch.testing.assert_close(plain[real], masked[real], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(plain[~real], masked[~real])  # only the pads' own outputs differ (never read)
+
+
+def test_compiled_layers_and_a_generating_learner_are_refused():
+    with pytest.raises(ValueError, match="--learner_compile with --learner_generates"):
+        TrainConfig(learner_compile=True, learner_generates=True)
