@@ -101,8 +101,9 @@ class LearnOptions:
     learner_compile: bool = False
     """`torch.compile` each decoder layer of the learner's model (dynamic shapes; fuses the norms,
     activations and rotary embeddings). The learner compiles at start every variant of the layers' inputs a
-    micro-batch can bring (one row or more; packed rows with or without a mask: `learn.model.compile_layers`),
-    so no batch recompiles mid-run. CUDA only: ignored on CPU."""
+    micro-batch can bring (one row or more; packed rows with or without a mask; with and without gradients:
+    `learn.model.compile_layers`), so no batch recompiles mid-run. CUDA only: ignored on CPU. Not with
+    --learner_generates."""
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None
@@ -188,8 +189,8 @@ class LearnOptions:
         if self.learner_pack_tokens < 0:
             raise ValueError(f"--learner_pack_tokens must be >= 0 (0: no packing), got {self.learner_pack_tokens}")
         if self.learner_compile and self.learner_generates:
-            raise ValueError("--learner_compile with --learner_generates: the generator would run the learner's compiled "
-                             "layers with a KV cache and recompile them mid-run; pass one of the two")
+            raise ValueError("--learner_compile with --learner_generates: the generator would run the learner's "
+                             "compiled layers with a KV cache and recompile them mid-run; pass one of the two")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.attest_max_bad_versions < 0 or not (self.attest_tolerance is None or self.attest_tolerance > 0):

@@ -1,10 +1,10 @@
 """--learner_compile: `learn.model.compile_layers` compiles at start every variant of the decoder layers' inputs a
-micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 each recompile of the
-0.5B architecture's layers took about 8 s, in the middle of a version).
+micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 a learner step that
+compiled took 8-10 s, in the middle of a version).
 
 On CPU with torch.compile's ``eager`` backend: the guards and recompiles checked are dynamo's, which the CUDA
-backend shares (it may add guards of its own, which only a GPU run shows). The micro-batches go through the learner's own collate / pack / forward /
-backward (``Learner.accumulate``)."""
+backend shares (it may add guards of its own, which only a GPU run shows). The micro-batches go through the
+learner's own collate / pack / forward / backward (``Learner.accumulate``), and the weight check's canary forward."""
 
 from __future__ import annotations
 
