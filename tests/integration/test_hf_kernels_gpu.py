@@ -56,13 +56,13 @@ def test_sampled_draws_follow_softmax_over_temperature():
     assert (other != tok).float().mean() > 0.3  # a new seed draws anew
 
 
-@pytest.mark.parametrize("impl", ["flash", "triton"])
-def test_slot_attention_reads_only_each_slots_positions(impl):
+@pytest.mark.parametrize("impl, d", [("flash", 64), ("triton", 64), ("triton", 80)])  # 80: FlashAttention's
+def test_slot_attention_reads_only_each_slots_positions(impl, d):
     from rollout.engines.hf_fast import grouped_attention
     from rollout.engines.hf_kernels import slot_attention
 
     g = torch.Generator("cuda").manual_seed(0)
-    n, length, hkv, heads, d = 9, 200, 2, 14, 64
+    n, length, hkv, heads = 9, 200, 2, 14
     store = torch.randn((2, n, length, hkv, d), generator=g, device="cuda", dtype=torch.bfloat16)
     key, value = store[0].transpose(1, 2), store[1].transpose(1, 2)  # (n, Hkv, L, D) views, as SlotLayer's
     query = torch.randn((n, heads, 1, d), generator=g, device="cuda", dtype=torch.bfloat16)
