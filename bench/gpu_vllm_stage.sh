@@ -105,7 +105,7 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --work /tmp/real_workload --cases "$a" --versions "${b:-60}" ;;
     vl) step "$k-vl" bash "$0" env-run python3 -m bench.variable_length --out "$g/vl$k" --cases "${a:-continuous,decode}" \
           ${b//,/ } ;;
-    vs_trl) local variants=() v; IFS='|' read -r -a parts <<< "$d"
+    vs_trl) local variants=() parts v; IFS='|' read -r -a parts <<< "$d"
           for v in "${parts[@]:-}"; do [ "$v" = default ] && v=; variants+=("--distrl_flags=${v//,/ }"); done
           step "$k-vs_trl-$a" bash "$0" env-run python3 -m bench.vs_trl run --workload "$a" --trl "${b:-hf,continuous}" \
           --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \

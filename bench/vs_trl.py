@@ -112,12 +112,13 @@ def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: P
     started = time.time()
     how = run_process(cmd, out / f"{name}.log", args.hard_s,
                       {"RAY_TMPDIR": ray_tmp, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")})
-    timed = phases(run_dir, args.warmup, args.versions)  # not the last: it also writes the final checkpoint
-    if not timed.get("versions"):
+    try:  # Ray's session logs hold the roles' stderr: read before they go
+        timed = phases(run_dir, args.warmup, args.versions)  # not the last: it also writes the final checkpoint
+        if not timed.get("versions"):
+            return {"side": name, "how": how, "command": " ".join(cmd[2:])}
+        after, total = recompiles([out / f"{name}.log", run_dir / "logs", Path(ray_tmp)], timed["measured_from_wall"])
+    finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-        return {"side": name, "how": how, "command": " ".join(cmd[2:])}
-    after, total = recompiles([out / f"{name}.log", run_dir / "logs", Path(ray_tmp)], timed["measured_from_wall"])
-    shutil.rmtree(ray_tmp, ignore_errors=True)
     n, wall = timed["versions"], sum(timed["times"])
     steps = set(range(args.warmup + 1, args.warmup + n + 1))
     tokens = sum(v for _, s, v in scalars(run_dir / "tb" / "learner0").get("learner/completion_tokens", [])
