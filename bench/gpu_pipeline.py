@@ -121,7 +121,8 @@ def case_mfu(args, model_dir: Path, out: Path) -> dict:
     cuda = torch.cuda.is_available()
     n, group, prompt_len = args.mfu_completions, 8, args.prompt_len
     rnd = random.Random(1)
-    lens = [rnd.randint(args.max_new_tokens // 4, args.max_new_tokens) for _ in range(n)]  # varied lengths
+    shortest = args.max_new_tokens // 4 if args.min_new_tokens is None else args.min_new_tokens
+    lens = [rnd.randint(shortest, args.max_new_tokens) for _ in range(n)]  # varied lengths
     table = synthetic_rows(n, group, prompt_len, lens, vocab_size(model_dir))
     seq_lens = [prompt_len + c - 1 for c in lens]
     results = {}
@@ -152,19 +153,21 @@ def vocab_size(model_dir) -> int:
 def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]:
     """(pack tokens, checkpointing, compiled, head) of a variant name: ``padded`` or ``packed`` or
     ``pack<N>`` (rows of N tokens) or ``defaults`` (the learner as `distrl train` runs it: micro-batches by
-    --learner_chunk_tokens, not --chunk, and the ``auto`` head), then any of ``+ckpt``, ``+compile``, and one of
-    ``+cce``, ``+halfmm`` (``--learner_head``; else the chunked head, ``auto`` for ``defaults``). Raises
-    ValueError on an unknown name or option, or both heads."""
+    --learner_chunk_tokens, not --chunk, and the ``auto`` head), then any of ``+ckpt``, ``+compile``, ``+pack``
+    (packed rows of --pack_tokens), ``+unsorted`` (micro-batches by token budget in table order, as before
+    `learn.batch.widest_first`; see :func:`learner_variant`) and one of ``+cce``, ``+halfmm`` (``--learner_head``;
+    else the chunked head, ``auto`` for ``defaults``). Raises ValueError on an unknown name or option, or both
+    heads."""
     base, *opts = name.split("+")
     if base in ("padded", "defaults"):
-        pack = 0
+        pack = pack_tokens if "pack" in opts else 0
     elif base == "packed":
         pack = pack_tokens
     elif base.startswith("pack") and base[4:].isdigit():
         pack = int(base[4:])
     else:
         raise ValueError(f"unknown learner variant {name!r}")
-    unknown = set(opts) - {"ckpt", "compile", "cce", "halfmm"}
+    unknown = set(opts) - {"ckpt", "compile", "cce", "halfmm", "pack", "unsorted"}
     if unknown:
         raise ValueError(f"unknown options {sorted(unknown)} in learner variant {name!r}")
     heads = [o for o in ("cce", "halfmm") if o in opts]
@@ -241,6 +244,26 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
                       batch_size=groups, group_size=group, **sizes)
     lrn = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", str(model_dir))
     flops = model_flops(lrn.model.config, seq_lens, sum(lens))
+    if "+unsorted" in name:  # the learner before widest-first micro-batches: rows in table order
+        import numpy as np
+
+        import learn.learner
+
+        learn.learner.widest_first = lambda t: np.arange(t.num_rows)
+    try:
+        return timed_variant(args, lrn, table, name, flops, seq_lens, out)
+    finally:
+        import learn.batch
+        import learn.learner
+
+        learn.learner.widest_first = learn.batch.widest_first
+
+
+def timed_variant(args, lrn, table, name, flops, seq_lens, out) -> dict:
+    """Median of ``--repeat`` steps after ``--warmup``; peak memory, host syncs; profiles ``--profile_variant``."""
+    import torch
+
+    cuda = torch.cuda.is_available()
     for _ in range(args.warmup):
         lrn.train_step(table)
     times = []
@@ -576,6 +599,8 @@ def main(argv=None) -> int:
     p.add_argument("--group_size", type=int, default=8)
     p.add_argument("--max_new_tokens", type=int, default=None)
     p.add_argument("--prompt_len", type=int, default=64, help="prompt tokens of the learner case's rows")
+    p.add_argument("--min_new_tokens", type=int, default=None, help="mfu case: completion lengths are uniform in "
+                   "[this, --max_new_tokens] (default a quarter of --max_new_tokens; equal to it: fixed lengths)")
     p.add_argument("--mfu_completions", type=int, default=None)
     p.add_argument("--pack_tokens", type=int, default=None)
     p.add_argument("--chunk", type=int, default=None, help="--learner_chunk_size")

@@ -2,7 +2,8 @@
 # vLLM for CUDA on the lent GPU machine (issue 22), in calls of at most 64 MiB each (device tool).
 #
 # Here, once (downloads ~400 MB, packs ~230 MB; needs ../shared/gpu/smollm2.sh's .gguf, see below):
-#   bash bench/gpu_vllm_stage.sh pack                 -> .gpu/v22/1 .. .gpu/v22/N (git-ignored)
+#   bash bench/gpu_vllm_stage.sh pack [novllm]        -> .gpu/v22/1 .. .gpu/v22/N (git-ignored; novllm: all but
+#                                                        vLLM, 3 pieces instead of 6, for runs of the HF engine)
 # There, one device call per folder, back to back (the machine forgets /tmp 30 s after a call):
 #   bash bench/gpu_vllm_stage.sh stage .gpu/v22/K     (carry [".gpu/v22/K"]), K = 1 .. N
 # then, in the call that runs something (carry [".gpu/src"], a `git archive` snapshot of the code):
@@ -21,9 +22,11 @@
 #                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
-#   learner[:VARIANTS[:PROMPT:NEW]] bench.gpu_pipeline --cases mfu on SmolLM2 (the .gguf): the learner step of
-#                                 --mfu_variants VARIANTS (default defaults,defaults+compile; the first is profiled)
-#                                 on 256 rows of PROMPT (default 128) + up to NEW (default 256) tokens
+#   learner[:VARIANTS[:PROMPT:NEW[:MIN[:0.5b]]]] bench.gpu_pipeline --cases mfu on SmolLM2 (the .gguf; 0.5b: the
+#                                 random Qwen2.5-0.5B): the learner step of --mfu_variants VARIANTS (default
+#                                 defaults,defaults+compile; the first is profiled) on 256 rows of PROMPT (default
+#                                 128) + MIN (default NEW / 4) to NEW (default 256) tokens
+#   dk[:FLAGS]                    bench.decode_kernels FLAGS (commas: spaces): the decode kernels' launch settings
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
@@ -55,9 +58,11 @@ PLAT+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform a
 pack() {
   local stage; stage=$(mktemp -d)
   mkdir -p "$stage/pack/wheels" "$stage/vllm"
-  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage" "$VLLM"
-  (cd "$stage/vllm" && unzip -q "$stage"/vllm-*.whl && rm -rf "${TRIM[@]}" \
-     && tar -cf - vllm vllm-*.dist-info | xz -T0 -6 > "$stage/pack/vllm.tar.xz")
+  if [ "${1:-}" != novllm ]; then
+    python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage" "$VLLM"
+    (cd "$stage/vllm" && unzip -q "$stage"/vllm-*.whl && rm -rf "${TRIM[@]}" \
+       && tar -cf - vllm vllm-*.dist-info | xz -T0 -6 > "$stage/pack/vllm.tar.xz")
+  fi
   grep -v '^#' "$ROOT/bench/gpu_vllm_wheels.txt" | grep . > "$stage/req.txt"
   python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage/pack/wheels" -r "$stage/req.txt"
   local gguf="$ROOT/.gpu/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -80,7 +85,9 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
   cd /tmp/v22stage || return 1
   if ls piece.* > /dev/null 2>&1; then cat piece.* | tar -xf - && rm piece.* || return 1; fi
   mkdir -p /tmp/site || return 1
-  python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')" || return 1
+  if [ -f pack/vllm.tar.xz ]; then  # not packed by `pack novllm`
+    python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')" || return 1
+  fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site pack/wheels/*.whl || return 1
   touch /tmp/site/.vllm_staged
   du -sh /tmp/site
@@ -113,10 +120,12 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
-    learner) local variants=${a:-defaults,defaults+compile}
-          step "$k-learner" bash "$0" env-run python3 -m bench.gpu_pipeline --cases mfu --model "$model" \
+    learner) local variants=${a:-defaults,defaults+compile} min=${d%%:*} arch=${d#*:} src=(--model "$model")
+          [ "$arch" = "$d" ] && arch=; [ "$arch" = 0.5b ] && src=(--arch qwen2.5-0.5b --tokenizer "$pack/qwen2.5")
+          step "$k-learner" bash "$0" env-run python3 -m bench.gpu_pipeline --cases mfu "${src[@]}" \
           --mfu_variants "$variants" --profile_variant "${variants%%,*}" --prompt_len "${b:-128}" \
-          --max_new_tokens "${c:-256}" --out "$g/learner$k" --work "/tmp/learner$k" ;;
+          --max_new_tokens "${c:-256}" ${min:+--min_new_tokens "$min"} --out "$g/learner$k" --work "/tmp/learner$k" ;;
+    dk) step "$k-dk" bash "$0" env-run python3 -m bench.decode_kernels --out "$g/dk$k" ${a//,/ } ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
   esac
 }
@@ -158,7 +167,7 @@ case "$mode" in
         vs_trl*/*/tb 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
-  pack) pack ;;
+  pack) pack "${2:-}" ;;
   stage) mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/ && ls /tmp/v22stage ;;
   install) t0=$(date +%s); install; echo "install: $(( $(date +%s) - t0 )) s" ;;
   env-run) shift

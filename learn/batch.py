@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "micro_batches", "pack"]
+__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "micro_batches", "pack", "widest_first"]
 
 
 @dataclass
@@ -105,6 +105,15 @@ def micro_batches(table: pa.Table, chunk_size: Optional[int], chunk_tokens: int)
             ranges.append((start, i))
             start, widest = i, width
     return ranges + [(start, b)] if b else ranges
+
+
+def widest_first(table: pa.Table) -> np.ndarray:
+    """(b,) int64: the rows of ``table`` ordered by padded width (prompt + completion tokens - 1), widest first,
+    ties in table order. Taken in this order, :func:`micro_batches` by token budget puts rows of similar width
+    together, so a micro-batch pads little: on a batch of completions of varied lengths, unsorted micro-batches
+    each pad to about the batch's widest row."""
+    widths = list_lengths(table, "prompt_ids") + list_lengths(table, "completion_ids")
+    return np.argsort(-widths, kind="stable")
 
 
 def collate(table: pa.Table, pad_id: int, advantages: Optional[np.ndarray] = None) -> MicroBatch:

@@ -45,7 +45,7 @@ import torch
 
 from distrl.core.metrics import Metrics
 from learn.baseline import RunningMeanBaseline
-from learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack
+from learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack, widest_first
 from learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from learn.config import LearnOptions
 from learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
@@ -231,6 +231,9 @@ class Learner:
         keep = self.in_loss(table)
         if not keep.all():
             table, advantages = table.filter(pa.array(keep)), advantages[keep]
+        if self.cfg.learner_chunk_size is None:  # by token budget: rows of similar width share a micro-batch
+            order = widest_first(table)
+            table, advantages = table.take(order), advantages[order]
         parts = []
         for start, stop in micro_batches(table, self.cfg.learner_chunk_size, self.cfg.learner_chunk_tokens):
             mb = collate(table.slice(start, stop - start), self.pad_id, advantages[start:stop])

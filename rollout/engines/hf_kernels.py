@@ -99,11 +99,13 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def decode_splits(n: int, hkv: int, length: int, device: torch.device) -> int:
-    """Splits of each slot's positions in :func:`decode_attention`: enough (slot, head, split) programs for two per
-    multiprocessor, at most one per block of positions (1 for 1024 slots x 2 heads; 5 for 8 slots x 320 positions)."""
+def decode_splits(n: int, hkv: int, length: int, device: torch.device, block_n: int = DECODE_BLOCK_N,
+                  programs_per_sm: int = 2) -> int:
+    """Splits of each slot's positions in :func:`decode_attention`: enough (slot, head, split) programs for
+    ``programs_per_sm`` per multiprocessor, at most one per block of ``block_n`` positions (1 for 1024 slots x 2
+    heads; 5 for 8 slots x 320 positions)."""
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
-    return max(1, min(-(-length // DECODE_BLOCK_N), -(-2 * sms // (n * hkv))))
+    return max(1, min(-(-length // block_n), -(-programs_per_sm * sms // (n * hkv))))
 
 
 def triton_head_dim(d: int) -> bool:
@@ -202,26 +204,8 @@ if triton is not None:
     @torch.library.custom_op("distrl::decode_attention", mutates_args=())
     def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
                           scale: float) -> torch.Tensor:
-        n, heads, d = query.shape
-        hkv, length = key.shape[1], key.shape[2]
-        g = heads // hkv
         out = torch.empty_like(query)
-        if n == 0:
-            return out
-        splits = decode_splits(n, hkv, length, query.device)
-        per_split = -(-length // splits)
-        chunk = -(-per_split // DECODE_BLOCK_N) * DECODE_BLOCK_N  # positions a split: whole blocks
-        g_pad = max(16, triton.next_power_of_2(g))
-        part = query.new_empty((n, hkv, splits, g_pad, d), dtype=torch.float32) if splits > 1 else out
-        ml = query.new_empty((n, hkv, splits, g_pad, 2), dtype=torch.float32) if splits > 1 else out
-        _decode_split[(n, hkv, splits)](query, key, value, lengths, out, part, ml, chunk, scale,
-                                        query.stride(0), query.stride(1), key.stride(0), key.stride(1),
-                                        key.stride(2), value.stride(0), value.stride(1), value.stride(2),
-                                        out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
-                                        BLOCK_N=DECODE_BLOCK_N, SPLITS=splits, num_warps=4)
-        if splits > 1:
-            _decode_combine[(n, hkv)](out, part, ml, out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
-                                      SPLITS=splits, num_warps=4)
+        launch_decode_attention(query, key, value, lengths, scale, out)
         return out
 
     @_decode_attention.register_fake
@@ -282,9 +266,7 @@ if triton is not None:
             logits = logits.contiguous()
         tok = torch.empty(b, dtype=torch.long, device=logits.device)
         logp = torch.empty(b, dtype=torch.float32, device=logits.device)
-        if b:
-            _sample_kernel[(b,)](logits, logits.stride(0), vocab, temperature, seed, tok, logp,
-                                 BLOCK=1024, SHIFT=ROW_SEED_SHIFT, num_warps=8)
+        launch_sample_rows(logits, temperature, seed, tok, logp)
         return tok, logp
 
     @_sample_rows.register_fake
@@ -311,3 +293,42 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor,
     if triton is None:
         raise RuntimeError("sample_rows needs triton (a CUDA build of torch)")
     return _sample_rows(logits, temperature, seed)
+
+
+def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
+                            scale: float, out: torch.Tensor, block_n: int = DECODE_BLOCK_N, warps: int = 4,
+                            stages: int | None = None, programs_per_sm: int = 2) -> None:
+    """The kernels of :func:`decode_attention` with their launch settings (``bench/decode_kernels.py`` sweeps
+    them): ``query`` (n, H, D), ``out`` the same shape, written; ``block_n`` positions a block reads at a time,
+    ``warps`` and ``stages`` (software pipelining; None: triton's default) of the split kernel,
+    ``programs_per_sm`` the split target of :func:`decode_splits`."""
+    n, heads, d = query.shape
+    hkv, length = key.shape[1], key.shape[2]
+    if n == 0:
+        return
+    g = heads // hkv
+    splits = decode_splits(n, hkv, length, query.device, block_n, programs_per_sm)
+    per_split = -(-length // splits)
+    chunk = -(-per_split // block_n) * block_n  # positions a split: whole blocks
+    g_pad = max(16, triton.next_power_of_2(g))
+    part = query.new_empty((n, hkv, splits, g_pad, d), dtype=torch.float32) if splits > 1 else out
+    ml = query.new_empty((n, hkv, splits, g_pad, 2), dtype=torch.float32) if splits > 1 else out
+    extra = {} if stages is None else {"num_stages": stages}
+    _decode_split[(n, hkv, splits)](query, key, value, lengths, out, part, ml, chunk, scale,
+                                    query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+                                    key.stride(2), value.stride(0), value.stride(1), value.stride(2),
+                                    out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
+                                    BLOCK_N=block_n, SPLITS=splits, num_warps=warps, **extra)
+    if splits > 1:
+        _decode_combine[(n, hkv)](out, part, ml, out.stride(0), out.stride(1), HKV=hkv, G=g, G_PAD=g_pad, D=d,
+                                  SPLITS=splits, num_warps=4)
+
+
+def launch_sample_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: torch.Tensor, tok: torch.Tensor,
+                       logp: torch.Tensor, block: int = 1024, warps: int = 8) -> None:
+    """The kernel of :func:`sample_rows` with its launch settings (``bench/decode_kernels.py`` sweeps them):
+    writes ``tok`` (B,) long and ``logp`` (B,) fp32; ``logits`` (B, V) with contiguous rows; ``block`` lanes of a
+    program (each takes 4 * ``block`` columns an iteration), ``warps`` its warps."""
+    if logits.shape[0]:
+        _sample_kernel[(logits.shape[0],)](logits, logits.stride(0), logits.shape[1], temperature, seed, tok, logp,
+                                           BLOCK=block, SHIFT=ROW_SEED_SHIFT, num_warps=warps)

@@ -61,6 +61,11 @@ def test_micro_batches_equal_full_batch_on_the_model(tiny, aggregation):
         lrn.cfg.learner_chunk_size = chunk
         for f, m in zip(full, grads(lrn, table)):
             torch.testing.assert_close(m, f, atol=1e-6, rtol=1e-4)
+    lrn.cfg.learner_chunk_size = None  # by token budget: the rows are taken widest first (learn.batch.widest_first)
+    for budget in (9, 30):
+        lrn.cfg.learner_chunk_tokens = budget
+        for f, m in zip(full, grads(lrn, table)):
+            torch.testing.assert_close(m, f, atol=1e-6, rtol=1e-4)
     assert sum(float(f.abs().sum()) for f in full) > 0
 
 

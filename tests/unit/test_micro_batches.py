@@ -6,7 +6,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from learn.batch import collate, micro_batches
+import numpy as np
+
+from learn.batch import collate, micro_batches, widest_first
 from learn.config import LearnOptions
 from tests.helpers import make_group
 
@@ -56,3 +58,20 @@ def test_bad_sizes_are_refused():
     with pytest.raises(ValueError):
         LearnOptions(learner_chunk_tokens=0).check()
     assert micro_batches(table().slice(0, 0), None, 100) == []
+
+
+def test_widest_first_pads_less():
+    # rows of widths 4..7 interleaved: in table order every micro-batch pads to 7; widest first, rows of one width
+    t = table(groups=8)
+    order = widest_first(t)
+    widths = [len(p) + len(c) - 1 for p, c in zip(t.column("prompt_ids").to_pylist(),
+                                                   t.column("completion_ids").to_pylist())]
+    assert [widths[i] for i in order] == sorted(widths, reverse=True)
+    assert list(order[:8]) == [i for i in range(32) if widths[i] == 7]  # ties keep table order
+
+    def padded(tab):
+        return sum(collate(tab.slice(a, b - a), 0).input_ids.numel() for a, b in micro_batches(tab, None, 28))
+
+    assert padded(t) - sum(widths) == 48  # table order: every micro-batch pads to width 7
+    assert padded(t.take(order)) - sum(widths) == 2  # widest first: only 3 x 5 + 2 x 4 (2 pads) mix two widths
+    assert np.array_equal(widest_first(t.slice(0, 0)), [])
