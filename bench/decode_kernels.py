@@ -103,13 +103,13 @@ def attention_context(args, context: int) -> dict:
         except Exception as e:  # a setting triton cannot build (e.g. shared memory): reported, not fatal
             rows.append(dict(settings, error=f"{type(e).__name__}: {str(e)[:120]}"))
             continue
-        rows.append(dict(settings, us=round(us, 2), tb_s=round(gb / us * 1e-3, 3),
+        rows.append(dict(settings, us=round(us, 2), tb_s=round(gb / us * 1e3, 3),
                          over_default=round(default_us / us, 3), max_err=round(err, 4), ok=err < 2e-2))
     good = [r for r in rows if r.get("ok")]
     best = min(good, key=lambda r: r["us"]) if good else None
-    print(f"attention c{context}: default {default_us:.1f} us ({gb / default_us * 1e-3:.2f} TB/s), flash "
+    print(f"attention c{context}: default {default_us:.1f} us ({gb / default_us * 1e3:.2f} TB/s), flash "
           f"{flash_us:.1f} us, best {best}", flush=True)
-    return dict(gb=round(gb, 4), default_us=round(default_us, 2), default_tb_s=round(gb / default_us * 1e-3, 3),
+    return dict(gb=round(gb, 4), default_us=round(default_us, 2), default_tb_s=round(gb / default_us * 1e3, 3),
                 flash_us=round(flash_us, 2), best=best, best_over_default=best and round(default_us / best["us"], 3),
                 settings=rows)
 

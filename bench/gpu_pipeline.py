@@ -373,7 +373,7 @@ def run_launchers(args, model_dir: Path, work: Path, staleness: int, colocated: 
                "--learner_pack_tokens", str(args.pack_tokens),
                *(["--learner_chunk_size", str(args.chunk)] if args.chunk else []),
                "--learner_head_chunk_tokens", str(args.head_chunk),
-               *(["--learner_compile"] if args.async_compile and not colocated else []), *extra],
+               *(["--learner_compile", "True"] if args.async_compile and not colocated else []), *extra],
         cwd=ROOT, env={**env, "CUDA_VISIBLE_DEVICES": gpus[1]}, stdout=open(logs / "learner.out", "w"),
         stderr=subprocess.STDOUT)
     if not colocated:

@@ -11,7 +11,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   longest row. measured = static seconds / continuous seconds; ideal = (sum over the static batches of the
   longest row x the batch's rows) / the total tokens, i.e. the decode steps x rows the static batch spends
   over those that carry a token; continuous_vs_ideal = measured / ideal.
-- ``decode``: fixed length (256 new tokens) at each batch of ``--batches``, tok/s = batch x 256 / wall
+- ``decode``: fixed length (``--new_tokens``, 256, after ``--prompt_tokens``, 64) at each batch of ``--batches``,
+  tok/s = batch x new tokens / wall
   seconds (after a warm-up call of the same shapes), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
@@ -116,11 +117,11 @@ def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, i
     return time.perf_counter() - t0, tokens
 
 
-def random_rows(n: int, vocab: int, seed: int) -> list[list[int]]:
+def random_rows(n: int, vocab: int, seed: int, prompt: int = PROMPT) -> list[list[int]]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(1, vocab - 1, (n, PROMPT), generator=g).tolist()
+    return torch.randint(1, vocab - 1, (n, prompt), generator=g).tolist()
 
 
 def case_continuous(model, args, cuda: bool) -> dict:
@@ -151,11 +152,11 @@ def case_continuous(model, args, cuda: bool) -> dict:
 
 
 def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None,
-                 attention: str = "triton") -> list[float]:
+                 attention: str = "triton", prompt: int = PROMPT) -> list[float]:
     """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture)."""
     import torch
 
-    rows = random_rows(batch, model.config.vocab_size, seed=2)
+    rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
     sampler = make_sampler(model, cuda, kernels=kernels, attention=attention)
     timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
     times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(repeats)]
@@ -172,10 +173,10 @@ def case_decode(model, args, cuda: bool) -> dict:
     new = args.new_tokens
     res = {}
     for batch in args.batches:
-        times = decode_times(model, batch, new, args.repeats, cuda)
+        times = decode_times(model, batch, new, args.repeats, cuda, prompt=args.prompt_tokens)
         tok_s = batch * new / sorted(times)[len(times) // 2]
-        limit, formula = roofline_tok_s(weight_bytes, model.config, batch, PROMPT, new)
-        both, both_formula = compute_roofline_tok_s(params, model.config, batch, PROMPT, new)
+        limit, formula = roofline_tok_s(weight_bytes, model.config, batch, args.prompt_tokens, new)
+        both, both_formula = compute_roofline_tok_s(params, model.config, batch, args.prompt_tokens, new)
         res[f"b{batch}"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times], roofline_tok_s=round(limit),
                                 roofline_fraction=round(tok_s / limit, 3), formula=formula,
                                 compute_roofline_tok_s=round(both), compute_roofline_fraction=round(tok_s / both, 3),
@@ -184,13 +185,13 @@ def case_decode(model, args, cuda: bool) -> dict:
         print(f"decode b{batch}: {res[f'b{batch}']}", flush=True)
     top = max(args.batches)
     if cuda and args.reference:  # the same step without the decode kernels (masked attention, pick in torch)
-        times = decode_times(model, top, new, args.repeats, cuda, kernels=False)
+        times = decode_times(model, top, new, args.repeats, cuda, kernels=False, prompt=args.prompt_tokens)
         tok_s = top * new / sorted(times)[len(times) // 2]
         res[f"b{top}"]["without_kernels"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
         res[f"b{top}"]["kernels_speedup"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
     if cuda and args.flash_attention:  # the kernels with FlashAttention's varlen kernel instead of the Triton one
-        times = decode_times(model, top, new, args.repeats, cuda, attention="flash")
+        times = decode_times(model, top, new, args.repeats, cuda, attention="flash", prompt=args.prompt_tokens)
         tok_s = top * new / sorted(times)[len(times) // 2]
         res[f"b{top}"]["flash_attention"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
                                                  step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
@@ -297,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="continuous: seed of the lengths")
     p.add_argument("--batches", default="256,1024", help="decode: batch sizes")
     p.add_argument("--new_tokens", type=int, default=256, help="decode: new tokens a row")
+    p.add_argument("--prompt_tokens", type=int, default=PROMPT,
+                   help="decode: prompt tokens a row (the mean context is this + new_tokens / 2)")
     p.add_argument("--repeats", type=int, default=3, help="decode: timed calls a batch (median)")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="decode: skip the largest batch's run without the decode kernels (one more compile)")

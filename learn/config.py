@@ -98,12 +98,15 @@ class LearnOptions:
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory: 19 against 42 GiB, and 22 %
     more time, on the 0.5B benchmark of BENCHMARKS.md)."""
-    learner_compile: bool = False
+    learner_compile: Optional[bool] = None
     """`torch.compile` each decoder layer of the learner's model (dynamic shapes; fuses the norms,
-    activations and rotary embeddings). The learner compiles at start every variant of the layers' inputs a
+    activations and rotary embeddings: 1.5x the learner step of SmolLM2, 1.3x the 0.5B's, on an H200,
+    BENCHMARKS.md eighth round). The learner compiles at start every variant of the layers' inputs a
     micro-batch can bring (one row or more; packed rows with or without a mask; with and without gradients:
-    `learn.model.compile_layers`), so no batch recompiles mid-run. CUDA only: ignored on CPU. Not with
-    --learner_generates."""
+    `learn.model.compile_layers`), so no batch recompiles mid-run; that takes about a minute while the actors
+    start. Unset: on for a CUDA learner with --backend hf (Unsloth compiles its own), unless
+    --learner_generates (its generator would recompile the layers with a KV cache); True or False forces it
+    (True is refused with --learner_generates). Ignored on CPU."""
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None
@@ -178,6 +181,13 @@ class LearnOptions:
     def resolve(self) -> None:
         """--lora_target_modules as a tuple (a config.json holds a list)."""
         self.lora_target_modules = tuple(self.lora_target_modules)
+
+    def compiles_layers(self) -> bool:
+        """Whether a CUDA learner compiles its decoder layers: --learner_compile, or, unset, --backend hf without
+        --learner_generates."""
+        if self.learner_compile is not None:
+            return self.learner_compile
+        return self.backend == "hf" and not self.learner_generates
 
     def check(self) -> None:
         """Raise ValueError naming the first bad learner option."""
