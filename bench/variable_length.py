@@ -13,7 +13,9 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   over those that carry a token; continuous_vs_ideal = measured / ideal.
 - ``decode``: fixed length (``--new_tokens``, 256, after ``--prompt_tokens``, 64) at each batch of ``--batches``,
   tok/s = batch x new tokens / wall
-  seconds (after a warm-up call of the same shapes), against the memory-bound limit
+  seconds (after a warm-up call of the same shapes), and over the decode steps alone (``decode_steps_*``: the
+  call's wall time less that of a 1-token call of the same rows, timed alternately: the prefill, which neither
+  limit counts and which 512-token prompts make a fifth of the call), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
@@ -152,49 +154,70 @@ def case_continuous(model, args, cuda: bool) -> dict:
 
 
 def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None,
-                 attention: str = "triton", prompt: int = PROMPT) -> list[float]:
-    """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture)."""
+                 attention: str = "triton", prompt: int = PROMPT) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture),
+    and of ``repeats`` calls of the same rows x 1 token (the prefill and the first pick: no decode step), alternated."""
     import torch
 
     rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
     sampler = make_sampler(model, cuda, kernels=kernels, attention=attention)
     timed_run(sampler, rows, [new] * batch, batch, static=False)  # compile + capture
-    times = [timed_run(sampler, rows, [new] * batch, batch, static=False)[0] for _ in range(repeats)]
+    times, prefill = [], []
+    for _ in range(repeats):
+        times.append(timed_run(sampler, rows, [new] * batch, batch, static=False)[0])
+        prefill.append(timed_run(sampler, rows, [1] * batch, batch, static=False)[0])
     del sampler
     if cuda:
         torch.cuda.empty_cache()
-    return times
+    return times, prefill
+
+
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def decode_steps(tok_s: float | None, limit: float, both: float) -> dict:
+    """The ``decode_steps_*`` fields of a batch: tok/s of its decode steps alone, against both limits."""
+    if tok_s is None:
+        return dict(decode_steps_tok_s=None, decode_steps_roofline_fraction=None,
+                    decode_steps_compute_roofline_fraction=None)
+    return dict(decode_steps_tok_s=round(tok_s), decode_steps_roofline_fraction=round(tok_s / limit, 3),
+                decode_steps_compute_roofline_fraction=round(tok_s / both, 3))
 
 
 def case_decode(model, args, cuda: bool) -> dict:
-    """tok/s at each batch against both limits; at the largest, also without the decode kernels (side by side)."""
+    """tok/s at each batch against both limits, over the whole call and over its decode steps alone (the call's
+    wall time less a 1-token call's: the prefill, which neither limit counts); at the largest batch, also without
+    the decode kernels and with FlashAttention (side by side)."""
     params = sum(p.numel() for p in model.parameters())  # a tied head counted once
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     new = args.new_tokens
     res = {}
     for batch in args.batches:
-        times = decode_times(model, batch, new, args.repeats, cuda, prompt=args.prompt_tokens)
-        tok_s = batch * new / sorted(times)[len(times) // 2]
+        times, prefill = decode_times(model, batch, new, args.repeats, cuda, prompt=args.prompt_tokens)
+        tok_s = batch * new / median(times)
+        decode_s = median(times) - median(prefill)
+        steps_tok_s = batch * (new - 1) / decode_s if decode_s > 0 and new > 1 else None  # None: noise won
         limit, formula = roofline_tok_s(weight_bytes, model.config, batch, args.prompt_tokens, new)
         both, both_formula = compute_roofline_tok_s(params, model.config, batch, args.prompt_tokens, new)
         res[f"b{batch}"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times], roofline_tok_s=round(limit),
                                 roofline_fraction=round(tok_s / limit, 3), formula=formula,
                                 compute_roofline_tok_s=round(both), compute_roofline_fraction=round(tok_s / both, 3),
-                                compute_formula=both_formula,
-                                step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+                                compute_formula=both_formula, step_ms=round(1e3 * median(times) / new, 3),
+                                prefill_s=[round(t, 3) for t in prefill], **decode_steps(steps_tok_s, limit, both))
         print(f"decode b{batch}: {res[f'b{batch}']}", flush=True)
     top = max(args.batches)
     if cuda and args.reference:  # the same step without the decode kernels (masked attention, pick in torch)
-        times = decode_times(model, top, new, args.repeats, cuda, kernels=False, prompt=args.prompt_tokens)
-        tok_s = top * new / sorted(times)[len(times) // 2]
+        times = decode_times(model, top, new, args.repeats, cuda, kernels=False, prompt=args.prompt_tokens)[0]
+        tok_s = top * new / median(times)
         res[f"b{top}"]["without_kernels"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
-                                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+                                                 step_ms=round(1e3 * median(times) / new, 3))
         res[f"b{top}"]["kernels_speedup"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
     if cuda and args.flash_attention:  # the kernels with FlashAttention's varlen kernel instead of the Triton one
-        times = decode_times(model, top, new, args.repeats, cuda, attention="flash", prompt=args.prompt_tokens)
-        tok_s = top * new / sorted(times)[len(times) // 2]
+        times = decode_times(model, top, new, args.repeats, cuda, attention="flash", prompt=args.prompt_tokens)[0]
+        tok_s = top * new / median(times)
         res[f"b{top}"]["flash_attention"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times],
-                                                 step_ms=round(1e3 * sorted(times)[len(times) // 2] / new, 3))
+                                                 step_ms=round(1e3 * median(times) / new, 3))
         res[f"b{top}"]["triton_over_flash"] = round(res[f"b{top}"]["tok_s"] / tok_s, 3)
     return res
 
@@ -281,7 +304,8 @@ def summary(res: dict) -> dict:
         "decode_roofline_fraction": {k: v.get("roofline_fraction") for k, v in dec.items()},
         "decode_compute_roofline_fraction": {k: v.get("compute_roofline_fraction") for k, v in dec.items()},
         **({f"decode_roofline_fraction_b{top}": dec[f"b{top}"].get("roofline_fraction"),
-            f"decode_compute_roofline_fraction_b{top}": dec[f"b{top}"].get("compute_roofline_fraction")}
+            f"decode_compute_roofline_fraction_b{top}": dec[f"b{top}"].get("compute_roofline_fraction"),
+            f"decode_steps_roofline_fraction_b{top}": dec[f"b{top}"].get("decode_steps_roofline_fraction")}
            if top else {})}
 
 
