@@ -3,10 +3,9 @@ fixed row count (--learner_chunk_size, which wins when given)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
-
-import numpy as np
 
 from learn.batch import collate, micro_batches, widest_first
 from learn.config import LearnOptions
