@@ -70,9 +70,10 @@ class LearnOptions:
     learning_rate: float = 1e-5
     """AdamW learning rate."""
     learner_chunk_tokens: int = 32768
-    """Token budget of a forward/backward micro-batch (gradient accumulation; equals the full-batch step): rows
-    join a micro-batch, in order, while rows x the longest row's length (prompt + completion, the padded
-    width) stays within it; a row longer than the budget is a micro-batch alone. 32768 puts SmolLM2's 32 x 8
+    """Token budget of a forward/backward micro-batch (gradient accumulation; equals the full-batch step): rows,
+    taken widest first (so rows of similar length share a micro-batch and little is padding), join a
+    micro-batch while rows x the longest row's length (prompt + completion, the padded width) stays within it;
+    a row longer than the budget is a micro-batch alone. 32768 puts SmolLM2's 32 x 8
     completions of ~65 tokens in one micro-batch (8 micro-batches of 8 were bound by kernel launches: 3.7 s
     a version against 0.4 s, docs/real_workload.md). Lower it if activations overflow the device's memory.
     Ignored when --learner_chunk_size is given."""

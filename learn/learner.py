@@ -226,8 +226,9 @@ class Learner:
 
     def accumulate(self, table: pa.Table, advantages: np.ndarray, norm: Normalizer) -> list[dict]:
         """Forward/backward over the micro-batches of ``table`` (:func:`learn.batch.micro_batches`: by
-        ``--learner_chunk_tokens``, or ``--learner_chunk_size`` rows when given; ``advantages``:
-        (b,), one per row); gradients accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
+        ``--learner_chunk_tokens``, the rows widest first (:func:`learn.batch.widest_first`), or
+        ``--learner_chunk_size`` rows in table order when given; ``advantages``: (b,), one per row); gradients
+        accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
         keep = self.in_loss(table)
         if not keep.all():
             table, advantages = table.filter(pa.array(keep)), advantages[keep]
