@@ -229,12 +229,10 @@ class Learner:
         ``--learner_chunk_tokens``, the rows widest first (:func:`learn.batch.widest_first`), or
         ``--learner_chunk_size`` rows in table order when given; ``advantages``: (b,), one per row); gradients
         accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
-        keep = self.in_loss(table)
-        if not keep.all():
-            table, advantages = table.filter(pa.array(keep)), advantages[keep]
+        rows = np.flatnonzero(self.in_loss(table))
         if self.cfg.learner_chunk_size is None:  # by token budget: rows of similar width share a micro-batch
-            order = widest_first(table)
-            table, advantages = table.take(order), advantages[order]
+            rows = rows[widest_first(table.take(rows))]
+        table, advantages = table.take(rows), advantages[rows]
         parts = []
         for start, stop in micro_batches(table, self.cfg.learner_chunk_size, self.cfg.learner_chunk_tokens):
             mb = collate(table.slice(start, stop - start), self.pad_id, advantages[start:stop])
