@@ -15,13 +15,16 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   tok/s = batch x new tokens / wall
   seconds (after a warm-up call of the same shapes), and over the decode steps alone (``decode_steps_*``: the
   call's wall time less that of a 1-token call of the same rows, timed alternately: the prefill, which neither
-  limit counts and which 512-token prompts make a fifth of the call), against the memory-bound limit
+  limit counts and which 512-token prompts make a fifth of the call; tok/s = batch x the steps one call runs more
+  than the other / the difference), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
   kernels of :mod:`rollout.engines.hf_kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
   skips it) and with FlashAttention's varlen kernel instead of their split-K Triton attention (the default
-  since 2026-12-03: ``flash_attention``, ``triton_over_flash``; ``--no-flash-attention`` skips it).
+  since 2026-12-03: ``flash_attention``, ``triton_over_flash``; ``--no-flash-attention`` skips it); and the
+  admission of the largest batch's rows (``prefill``) with the sampler's causal SDPA prefill against the masked
+  one, alternated (``causal_speedup``).
 - ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
   first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
@@ -172,6 +175,43 @@ def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels:
     return times, prefill
 
 
+def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of one admission of ``batch`` rows of ``prompt`` tokens (the prefill, the first pick, the slot
+    writes) with each of the sampler's prefill attentions (``causal``: SDPA; ``masked``: the (k, 1, Q, Q) mask),
+    alternated, after one untimed round; no graph, no compile (an admission runs eagerly in a run too)."""
+    import torch
+
+    from rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, ContinuousSampler, _grouped, _round_up
+
+    dev = model.device
+    rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
+    samplers = {a: ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
+                                     generator=torch.Generator(dev).manual_seed(0), cuda_graphs=False,
+                                     prefill_attention=a) for a in PREFILL_ATTENTION}
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    times: dict[str, list[float]] = {a: [] for a in samplers}
+    with torch.inference_mode(), _grouped(model):
+        for i in range(repeats + 1):
+            for a, sampler in samplers.items():
+                st = sampler._prepare(model, batch, _round_up(prompt, PAD_MULTIPLE) + PAD_MULTIPLE, PAD_MULTIPLE)
+                sync()
+                t0 = time.perf_counter()
+                sampler._admit(model, st, list(range(batch)), rows, [1] * batch)
+                sync()
+                if i:
+                    times[a].append(round(time.perf_counter() - t0, 4))
+    del samplers
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return times
+
+
+def call_steps(new: int, interval: int = 8) -> int:
+    """Decode steps a call of ``new`` tokens a row runs (its first token comes from the prefill; the host looks at
+    the rows every ``interval`` tokens): 511 for 512, 7 for 1."""
+    return -(-new // interval) * interval - 1
+
+
 def median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
@@ -196,8 +236,9 @@ def case_decode(model, args, cuda: bool) -> dict:
     for batch in args.batches:
         times, prefill = decode_times(model, batch, new, args.repeats, cuda, prompt=args.prompt_tokens)
         tok_s = batch * new / median(times)
-        decode_s = median(times) - median(prefill)
-        steps_tok_s = batch * (new - 1) / decode_s if decode_s > 0 and new > 1 else None  # None: noise won
+        decode_s = median(times) - median(prefill)  # the steps one call runs more than the 1-token call
+        steps = call_steps(new) - call_steps(1)
+        steps_tok_s = batch * steps / decode_s if decode_s > 0 and steps > 0 else None  # None: noise won
         limit, formula = roofline_tok_s(weight_bytes, model.config, batch, args.prompt_tokens, new)
         both, both_formula = compute_roofline_tok_s(params, model.config, batch, args.prompt_tokens, new)
         res[f"b{batch}"] = dict(tok_s=round(tok_s), times_s=[round(t, 3) for t in times], roofline_tok_s=round(limit),
@@ -207,6 +248,10 @@ def case_decode(model, args, cuda: bool) -> dict:
                                 prefill_s=[round(t, 3) for t in prefill], **decode_steps(steps_tok_s, limit, both))
         print(f"decode b{batch}: {res[f'b{batch}']}", flush=True)
     top = max(args.batches)
+    admit = prefill_times(model, top, args.prompt_tokens, args.repeats)
+    res[f"b{top}"]["prefill"] = dict(causal_s=admit["causal"], masked_s=admit["masked"],
+                                     causal_speedup=round(median(admit["masked"]) / median(admit["causal"]), 3))
+    print(f"prefill b{top}: {res[f'b{top}']['prefill']}", flush=True)
     if cuda and args.reference:  # the same step without the decode kernels (masked attention, pick in torch)
         times = decode_times(model, top, new, args.repeats, cuda, kernels=False, prompt=args.prompt_tokens)[0]
         tok_s = top * new / median(times)
@@ -343,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("needs CUDA (or --smoke)")
     if args.smoke:
         args.rows, args.slots, args.median, args.cap = 24, 8, 6, 24
-        args.batches, args.new_tokens, args.repeats = [4], 8, 1
+        args.batches, args.new_tokens, args.repeats = [4], 16, 1
     model = build_model(SMOKE if args.smoke else QWEN25_05B, "cuda" if cuda else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -14,7 +14,7 @@ Loop (:meth:`ContinuousSampler.run`):
 
 1. Admit: waiting rows take the free slots (``continuous``: whenever a slot is free; ``static``: only
    when every slot is free, so each batch runs to its longest row: the reference the bench compares
-   with). The admitted prompts are prefilled together (right-padded to the longest, causal mask), their
+   with). The admitted prompts are prefilled together (right-padded to the longest, causal attention), their
    K/V written into their slots, and each row's first token picked from the logits at its last prompt
    position. Their ids, lengths, slots and budgets reach the GPU in one pinned, non-blocking copy: the
    host queues the admission behind the queued steps without waiting for them.
@@ -84,6 +84,7 @@ from rollout.engines.hf_kernels import available as kernels_available
 from rollout.engines.hf_slots import SlotLayer, SlotState, Snapshot, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
+PREFILL_ATTENTION = ("causal", "masked")  # ContinuousSampler's prefill_attention
 MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (ContinuousSampler._shrink)
 
 
@@ -118,13 +119,16 @@ class ContinuousSampler:
     comes from Philox seeded from ``generator`` once per state, not from ``generator`` every step.
     ``decode_attention``: the kernels' attention, ``triton`` (the default: split-K, 1.27x FlashAttention's
     decode step at 1024 rows on an H200) or ``flash`` (:func:`rollout.engines.hf_kernels.slot_attention`).
-    Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, or a model with
-    sliding-window layers.
+    ``prefill_attention``: ``causal`` (default: torch's SDPA with ``is_causal``, FlashAttention on CUDA, no (k, H, Q, Q)
+    scores held) or ``masked`` (:func:`rollout.engines.hf_fast.grouped_attention` with a (k, 1, Q, Q) bool mask: the
+    reference ``bench.variable_length`` compares with).
+    Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, an unknown attention, or a
+    model with sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
                  cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True,
-                 kernels: bool | None = None, decode_attention: str = "triton"):
+                 kernels: bool | None = None, decode_attention: str = "triton", prefill_attention: str = "causal"):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -140,6 +144,9 @@ class ContinuousSampler:
         if decode_attention not in ATTENTION_IMPLS:
             raise ValueError(f"unknown decode_attention {decode_attention!r}; one of {ATTENTION_IMPLS}")
         self.decode_attention = decode_attention
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"unknown prefill_attention {prefill_attention!r}; one of {PREFILL_ATTENTION}")
+        self.prefill_causal = prefill_attention == "causal"
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
         self.cuda_graphs, self.interval = cuda_graphs, interval
@@ -321,11 +328,12 @@ class ContinuousSampler:
         on_dev = host.to(dev, non_blocking=True)
         ids, lens, index, rows_budget = on_dev[:, :q], on_dev[:, q], on_dev[:, q + 1], on_dev[:, q + 2]
         where = torch.arange(q, device=dev)
-        mask = (where[None, :] <= where[:, None])[None, None] & (where < lens[:, None])[:, None, None, :]  # (k,1,Q,Q)
+        mask = None if self.prefill_causal else (  # (k, 1, Q, Q)
+            (where[None, :] <= where[:, None])[None, None] & (where < lens[:, None])[:, None, None, :])
         st.prefill_slots = index
         try:
             out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=where[None].expand(k, q),
-                                      past_key_values=st.cache, use_cache=True)
+                                      past_key_values=st.cache, use_cache=True, prefill_causal=self.prefill_causal)
         finally:
             st.prefill_slots = None
         h = out.last_hidden_state[torch.arange(k, device=dev), lens - 1]  # (k, hidden): each last prompt token

@@ -49,7 +49,7 @@ PAD_MULTIPLE = 64  # prompt and completion lengths are rounded up to a multiple 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor, scaling: float | None = None, dropout: float = 0.0,
                       slot_lengths: torch.Tensor | None = None, slot_attention_impl: str = "triton",
-                      **kwargs) -> tuple[torch.Tensor, None]:
+                      prefill_causal: bool = False, **kwargs) -> tuple[torch.Tensor, None]:
     """Masked softmax attention where the G query heads of a group share one K/V head, read in place.
 
     Args:
@@ -64,6 +64,11 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
             0 .. slot_lengths[b] - 1 only (what the mask says too), read by
             :func:`rollout.engines.hf_kernels.slot_attention` (kernel ``slot_attention_impl``: ``triton``, the
             split-K kernel, or ``flash``); the mask is not used then.
+        prefill_causal: given by the continuous sampler's prefill of right-padded prompts, where key and value are
+            the rows' own (B, Hkv, Q, D) and query position i attends to positions 0 .. i: torch's
+            ``scaled_dot_product_attention(is_causal=True)`` (FlashAttention on CUDA for bf16/fp16, scores in fp32),
+            which never holds the (B, H, Q, Q) scores; ``attention_mask`` may be None then. A padding position's
+            output is not read.
     Returns:
         the output (B, Q, H, D) in the query's dtype (the layout transformers' attention functions
         return) and None (no attention weights). Scores are in the input dtype, the softmax in fp32,
@@ -81,6 +86,9 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
         from rollout.engines.hf_kernels import slot_attention
 
         return slot_attention(query, key, value, slot_lengths, scale, slot_attention_impl), None
+    if prefill_causal:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=g > 1)
+        return out.transpose(1, 2).contiguous(), None
     if attention_mask is None or attention_mask.dim() != 4 or attention_mask.dtype != torch.bool:
         raise ValueError(f"{ATTENTION} attention needs a 4-D bool mask (B, 1, Q, L)")
     outs = []

@@ -279,3 +279,26 @@ def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
     assert max(abs(a - b) for r in got for a, b in zip(got[r].logprobs, static[r].logprobs)) <= 1e-5
     assert set(ran) == {32}  # static batching never shrinks
     assert {32, 8} == set(continuous) and continuous == sorted(continuous, reverse=True), continuous
+
+
+def test_causal_prefill_equals_the_masked_reference(w):
+    """The prefill by SDPA with ``is_causal`` (the default: right-padded prompts of 1-13 tokens, no mask held) gives
+    the rows the (k, 1, Q, Q)-masked prefill gives: same greedy tokens, logprobs within 1e-5 (fp32, CPU)."""
+    from rollout.engines.hf_continuous import ContinuousSampler
+
+    e = engine(w["sharp"])
+    ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"][: 1 + i % 13] for i in range(20)]
+    assert len({len(r) for r in ids}) >= 8  # rows padded by different amounts
+    budget = [3 + (5 * i) % 17 for i in range(20)]
+    rows = {}
+    for attention in ("causal", "masked"):
+        sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                                    cuda_graphs=False, interval=4, prefill_attention=attention)
+        rows[attention] = {f.row: f for done in sampler.run(ids, budget, 0.0, slots=8) for f in done}
+    got, want = rows["causal"], rows["masked"]
+    assert sorted(got) == sorted(want) == list(range(20))
+    assert all(got[r].tokens == want[r].tokens and len(got[r].tokens) == budget[r] for r in want)
+    assert max(abs(a - b) for r in want for a, b in zip(got[r].logprobs, want[r].logprobs)) <= 1e-5
+    with pytest.raises(ValueError, match="prefill_attention"):
+        ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                          cuda_graphs=False, prefill_attention="flash")

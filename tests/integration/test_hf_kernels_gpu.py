@@ -100,10 +100,10 @@ def test_sampler_with_kernels_is_as_close_to_fp32_as_the_portable_path():
     rows = [torch.randint(1, 31999, (int(k),), generator=g).tolist() for k in torch.randint(3, 40, (24,), generator=g)]
     budget = [int(b) for b in torch.randint(4, 48, (24,), generator=g)]
 
-    def error(kernels: bool, attention: str = "flash") -> float:
+    def error(kernels: bool, attention: str = "flash", prefill: str = "causal") -> float:
         sampler = ContinuousSampler(lambda: model, 0, torch.empty(0, dtype=torch.long, device="cuda"),
                                     torch.Generator("cuda").manual_seed(0), cuda_graphs=True, interval=4,
-                                    kernels=kernels, decode_attention=attention)
+                                    kernels=kernels, decode_attention=attention, prefill_attention=prefill)
         done = [f for out in sampler.run(rows, budget, 1.0, slots=8) for f in out]
         assert sorted(f.row for f in done) == list(range(24))
         assert all(len(f.tokens) == budget[f.row] for f in done)
@@ -117,5 +117,8 @@ def test_sampler_with_kernels_is_as_close_to_fp32_as_the_portable_path():
         return sum(diffs) / len(diffs)
 
     fast, split_k, portable = error(True), error(True, "triton"), error(False)
-    print(f"mean |logprob - fp32| a token: flash {fast:.4f}, triton {split_k:.4f}, portable {portable:.4f}")
+    masked = error(True, "triton", "masked")  # the prefill with its (k, 1, Q, Q) mask, scores rounded to bf16
+    print(f"mean |logprob - fp32| a token: flash {fast:.4f}, triton {split_k:.4f}, portable {portable:.4f}, "
+          f"triton with the masked prefill {masked:.4f}")
     assert max(fast, split_k) < 0.05 and max(fast, split_k) <= 1.2 * portable + 1e-3, (fast, split_k, portable)
+    assert split_k <= 1.2 * masked + 1e-3, (split_k, masked)

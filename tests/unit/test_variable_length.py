@@ -30,6 +30,17 @@ def test_smoke_runs_both_modes_to_the_same_tokens(tmp_path):
                         rel_tol=0.01)
     assert 0 < res["decode"]["b4"]["tok_s"] < res["decode"]["b4"]["roofline_tok_s"]
     assert res["summary"]["decode_roofline_fraction_b4"] == res["decode"]["b4"]["roofline_fraction"]
+    b4 = res["decode"]["b4"]
+    assert b4["decode_steps_tok_s"] > 0 and len(b4["prefill_s"]) == 1  # 15 steps against the 1-token call's 7
+    assert len(b4["prefill"]["causal_s"]) == len(b4["prefill"]["masked_s"]) == 1 and b4["prefill"]["causal_speedup"] > 0
+
+
+def test_call_steps_counts_the_steps_to_the_last_look():
+    """A call's first token comes from the prefill; the host looks every 8 tokens, so a row of 1 token still runs 7
+    steps and one of 512 runs 511: the decode steps a 512-token call runs more than a 1-token call are 504."""
+    from bench.variable_length import call_steps
+
+    assert [call_steps(n) for n in (1, 8, 9, 256, 512)] == [7, 7, 15, 255, 511]
 
 
 def test_compute_roofline_adds_the_bound_of_each_part():
