@@ -15,8 +15,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   tok/s = batch x new tokens / wall
   seconds (after a warm-up call of the same shapes), and over the decode steps alone (``decode_steps_*``: the
   call's wall time less that of a 1-token call of the same rows, timed alternately: the prefill, which neither
-  limit counts and which 512-token prompts make a fifth of the call; tok/s = batch x the steps one call runs more
-  than the other / the difference), against the memory-bound limit
+  limit counts and which is a third of the call at 1024 rows of 512-token prompts; tok/s = batch x the steps
+  one call runs more than the other / the difference), against the memory-bound limit
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
