@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy bandwidth of one H200 (device notes)
 PEAK_FLOPS = 790e12  # bf16 dense matmul, measured on an H200 of this workplace (bench/gpu_pipeline.py)
 PROMPT = 64
+INTERVAL = 8  # tokens between the sampler's looks at its rows (the HF engine's INFLIGHT_INTERVAL)
 
 
 def draw_lengths(n: int, median: float, sigma: float, cap: int, seed: int) -> list[int]:
@@ -96,18 +97,21 @@ def compute_roofline_tok_s(params: int, cfg, batch: int, prompt: int, new: int) 
     return batch / (gemm_s + attn_s), formula
 
 
-def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None, attention: str = "triton"):
+def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None = None, attention: str = "triton",
+                 prefill: str = "causal"):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
     ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference); ``kernels=False``:
-    without the decode kernels of rollout.engines.hf_kernels (the ``decode`` case's reference)."""
+    without the decode kernels of rollout.engines.hf_kernels (the ``decode`` case's reference); ``prefill``: its
+    prefill attention (``masked``: the ``prefill`` reference)."""
     import torch
 
     from rollout.engines.hf_continuous import ContinuousSampler
 
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
-                             generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=8,
-                             compile_step=cuda, compile_dynamic=dynamic, kernels=kernels, decode_attention=attention)
+                             generator=torch.Generator(dev).manual_seed(0), cuda_graphs=cuda, interval=INTERVAL,
+                             compile_step=cuda, compile_dynamic=dynamic, kernels=kernels, decode_attention=attention,
+                             prefill_attention=prefill)
 
 
 def timed_run(sampler, rows, budget, slots: int, static: bool) -> tuple[float, int]:
@@ -159,7 +163,8 @@ def case_continuous(model, args, cuda: bool) -> dict:
 def decode_times(model, batch: int, new: int, repeats: int, cuda: bool, kernels: bool | None = None,
                  attention: str = "triton", prompt: int = PROMPT) -> tuple[list[float], list[float]]:
     """Wall seconds of ``repeats`` calls of ``batch`` rows x ``new`` tokens (after a warm-up call: compile, capture),
-    and of ``repeats`` calls of the same rows x 1 token (the prefill and the first pick: no decode step), alternated."""
+    and of ``repeats`` calls of the same rows x 1 token (the prefill, the first pick and :func:`call_steps` (1) decode
+    steps), alternated."""
     import torch
 
     rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
@@ -181,13 +186,11 @@ def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, lis
     alternated, after one untimed round; no graph, no compile (an admission runs eagerly in a run too)."""
     import torch
 
-    from rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, ContinuousSampler, _grouped, _round_up
+    from rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, _grouped, _round_up
 
     dev = model.device
     rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
-    samplers = {a: ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
-                                     generator=torch.Generator(dev).manual_seed(0), cuda_graphs=False,
-                                     prefill_attention=a) for a in PREFILL_ATTENTION}
+    samplers = {a: make_sampler(model, cuda=False, prefill=a) for a in PREFILL_ATTENTION}  # no graph, no compile
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {a: [] for a in samplers}
     with torch.inference_mode(), _grouped(model):
@@ -206,7 +209,7 @@ def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, lis
     return times
 
 
-def call_steps(new: int, interval: int = 8) -> int:
+def call_steps(new: int, interval: int = INTERVAL) -> int:
     """Decode steps a call of ``new`` tokens a row runs (its first token comes from the prefill; the host looks at
     the rows every ``interval`` tokens): 511 for 512, 7 for 1."""
     return -(-new // interval) * interval - 1
