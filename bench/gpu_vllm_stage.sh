@@ -27,6 +27,10 @@
 #                                 defaults,defaults+compile; the first is profiled) on 256 rows of PROMPT (default
 #                                 128) + MIN (default NEW / 4) to NEW (default 256) tokens
 #   dk[:FLAGS]                    bench.decode_kernels FLAGS (commas: spaces): the decode kernels' launch settings
+#   ac[:FLAGS]                    bench.actor_call FLAGS (commas: spaces) on SmolLM2 and GSM8K: where an actor's call goes
+#   mps:on|off                    a private CUDA MPS control daemon (pipe /tmp/mps/pipe): `on` starts it and checks that
+#                                 a CUDA process runs under it, after which env-run's processes are its clients; `off`
+#                                 quits it (the GPU's compute mode is left as it is)
 # e.g. `start .gpu/v22/6 "vl vs_trl:fixed vs_trl:variable rw:defaults:50"`. Each later call (back to back,
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
@@ -126,6 +130,9 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --mfu_variants "$variants" --profile_variant "${variants%%,*}" --prompt_len "${b:-128}" \
           --max_new_tokens "${c:-256}" ${min:+--min_new_tokens "$min"} --out "$g/learner$k" --work "/tmp/learner$k" ;;
     dk) step "$k-dk" bash "$0" env-run python3 -m bench.decode_kernels --out "$g/dk$k" ${a//,/ } ;;
+    mps) step "$k-mps-$a" bash "$0" mps "$a" ;;
+    ac) step "$k-ac" bash "$0" env-run python3 -m bench.actor_call --model "$model" \
+          --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/ac$k" ${a//,/ } ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
   esac
 }
@@ -170,7 +177,15 @@ case "$mode" in
   pack) pack "${2:-}" ;;
   stage) mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/ && ls /tmp/v22stage ;;
   install) t0=$(date +%s); install; echo "install: $(( $(date +%s) - t0 )) s" ;;
+  mps) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+    if [ "${2:-}" = on ]; then
+      mkdir -p /tmp/mps/pipe /tmp/mps/log && which nvidia-cuda-mps-control && timeout 30 nvidia-cuda-mps-control -d \
+        && timeout 90 python3 -c 'import torch; x = torch.ones(1 << 20, device="cuda"); print("mps client:", x.sum().item())' \
+        && touch /tmp/mps/ON; rc=$?; cat /tmp/mps/log/*.log 2>/dev/null | tail -n 20; exit "$rc"
+    fi
+    rm -f /tmp/mps/ON; echo quit | timeout 30 nvidia-cuda-mps-control; cat /tmp/mps/log/*.log 2>/dev/null | tail -n 5 ;;
   env-run) shift
+    if [ -f /tmp/mps/ON ]; then export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log; fi
     export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
       TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 DISTRL_GGUF_CACHE=/tmp/gguf \
       VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0

@@ -25,6 +25,8 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   since 2026-12-03: ``flash_attention``, ``triton_over_flash``; ``--no-flash-attention`` skips it); and the
   admission of the largest batch's rows (``prefill``) with the sampler's causal SDPA prefill against the masked
   one, alternated (``causal_speedup``).
+``--model`` decodes a real model's weights (e.g. SmolLM2) instead, its rows run to their budgets as well.
+
 - ``compile``: the step compiled with symbolic sizes (the default) against compiled per shape, side by side:
   first-call seconds, a new state's first call, ms a step (:func:`case_compile`).
 
@@ -344,6 +346,17 @@ def case_compile(model, args, cuda: bool) -> dict:
     return res
 
 
+def load_model(path: str, cuda: bool):
+    """``--model``: its weights (a GGUF file dequantized by :func:`distrl.core.gguf.resolve_model`), bf16 on CUDA."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from distrl.core.gguf import resolve_model
+
+    dtype, device = (torch.bfloat16, "cuda") if cuda else (torch.float32, "cpu")
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model(path)), dtype=dtype).to(device).eval()
+
+
 def summary(res: dict) -> dict:
     cont, dec = res.get("continuous", {}), res.get("decode", {})
     top = max((int(k[1:]) for k in dec), default=None)
@@ -379,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile: the decode kernels' attention (rollout.engines.hf_kernels.slot_attention)")
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="decode: skip the largest batch's run with FlashAttention's varlen kernel (one more compile)")
+    p.add_argument("--model", default=None,
+                   help="a causal LM (directory or GGUF file, e.g. SmolLM2) instead of the random 0.5B; its rows "
+                        "still run to their budgets (no stop token)")
     p.add_argument("--smoke", action="store_true", help="a tiny model on CPU, small sizes: checks the logic")
     args = p.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -392,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.rows, args.slots, args.median, args.cap = 24, 8, 6, 24
         args.batches, args.new_tokens, args.repeats = [4], 16, 1
-    model = build_model(SMOKE if args.smoke else QWEN25_05B, "cuda" if cuda else "cpu")
+    model = load_model(args.model, cuda) if args.model else build_model(SMOKE if args.smoke else QWEN25_05B,
+                                                                         "cuda" if cuda else "cpu")
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "gpu": torch.cuda.get_device_name() if cuda else "cpu (--smoke)", "errors": {}}

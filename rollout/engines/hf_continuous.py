@@ -34,14 +34,17 @@ Loop (:meth:`ContinuousSampler.run`):
    waiting rows are admitted. A row therefore waits at most ``interval - 1`` steps after its end before it
    is handed back and its slot refilled.
 
-   Look-ahead: while rows wait for a slot (and no ``between_steps`` is given), the snapshot of an interval
-   is read only after the next interval's steps are queued, so the host's work of a hand-back and of the
-   admission's eager prefill runs while the GPU decodes, instead of between the GPU's steps (on an H200,
-   about 25 ms an admission against 8 ms a step, issue 23). A row ended in interval i is then handed back
-   after interval i + 1 (its slot decodes padding meanwhile, masked as every ended row's). A slot's
-   snapshot counts only from the interval its current row was admitted in. With ``between_steps`` the
-   hand-back stays synchronous, so each row's stamps are the versions of its first and last tokens; so
-   does static batching's (the reference: each batch to its longest row, no interval more).
+   Look-ahead: unless ``between_steps`` is given, the snapshot of an interval is read only after the next
+   interval's steps are queued, so the host's work of a hand-back (and the caller's: the actor scores and
+   PUTs the groups it yields) and of the admission's eager prefill runs while the GPU decodes, instead of
+   between the GPU's steps (on an H200, about 25 ms an admission against 8 ms a step, issue 23). A row ended
+   in interval i is then handed back after interval i + 1 (its slot decodes padding meanwhile, masked as
+   every ended row's). A slot's snapshot counts only from the interval its current row was admitted in.
+   An interval at whose end every running row has reached its budget is read at once (no interval of
+   padding after the last), and so is the older snapshot before the tail moves rows (step 4: its slots are
+   those before the move). With ``between_steps`` the hand-back stays synchronous, so each row's stamps
+   are the versions of its first and last tokens; so does static batching's (the reference: each batch to
+   its longest row, no interval more).
 
 4. The tail: once no row waits (and not static), the step decodes only the smallest of :func:`buckets`
    (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
@@ -121,14 +124,16 @@ class ContinuousSampler:
     decode step at 1024 rows on an H200) or ``flash`` (:func:`rollout.engines.hf_kernels.slot_attention`).
     ``prefill_attention``: ``causal`` (default: torch's SDPA with ``is_causal``, FlashAttention on CUDA, no (k, H, Q, Q)
     scores held) or ``masked`` (:func:`rollout.engines.hf_fast.grouped_attention` with a (k, 1, Q, Q) bool mask: the
-    reference ``bench.variable_length`` compares with).
+    reference ``bench.variable_length`` compares with). ``lookahead``: read each interval's snapshot after the next
+    interval's steps are queued (step 3 of the module docstring; default); False: read it at once (the reference).
     Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, an unknown attention, or a
     model with sliding-window layers.
     """
 
     def __init__(self, model_fn: Callable, pad_id: int, stop_ids: torch.Tensor, generator: torch.Generator,
                  cuda_graphs: bool, interval: int = 8, compile_step: bool = False, compile_dynamic: bool = True,
-                 kernels: bool | None = None, decode_attention: str = "triton", prefill_attention: str = "causal"):
+                 kernels: bool | None = None, decode_attention: str = "triton", prefill_attention: str = "causal",
+                 lookahead: bool = True):
         from transformers import AttentionInterface
 
         model = model_fn()
@@ -149,7 +154,7 @@ class ContinuousSampler:
         self.prefill_causal = prefill_attention == "causal"
         AttentionInterface.register(ATTENTION, grouped_attention)
         self.model_fn, self.pad_id, self.stop_ids, self.generator = model_fn, pad_id, stop_ids, generator
-        self.cuda_graphs, self.interval = cuda_graphs, interval
+        self.cuda_graphs, self.interval, self.lookahead = cuda_graphs, interval, lookahead
         self.captures = 0
         self._states: dict[int, SlotState] = {}  # slot count -> its state (see _prepare)
         self.states_made = 0  # states allocated so far (each new graph captures on CUDA)
@@ -183,6 +188,7 @@ class ContinuousSampler:
         st.temperature.fill_(temperature)
         waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
         admitted = [0] * b  # the interval each slot's current row was admitted in
+        ends = [0] * b  # the token count (t) at which each slot's current row reaches its budget
         st.done.fill_(True)
         t, k, pending, n = 1, 0, None, b  # tokens recorded by the first rows (as the loop counts), interval, slots run
         while True:
@@ -191,7 +197,7 @@ class ContinuousSampler:
             if free and (not static or all(o < 0 for o in owner)):
                 taken = [waiting.popleft() for _ in free]
                 for s, r in zip(free, taken):
-                    owner[s], started[r], admitted[s] = r, stamp(), k
+                    owner[s], started[r], admitted[s], ends[s] = r, stamp(), k, t + budget[r] - 1
                 with _grouped(model):
                     self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken])
             if all(o < 0 for o in owner):
@@ -205,31 +211,42 @@ class ContinuousSampler:
                     if t % self.interval == 0:
                         break
             snaps = [pending, self._snapshot(st, k)]
-            pending = snaps.pop() if waiting and between_steps is None and not static else None  # look-ahead
-            finished = [f for snap in snaps if snap is not None
-                        for f in self._hand_back(snap, owner, started, admitted, stamp())]
-            if finished:
-                yield finished
+            ahead = self.lookahead and between_steps is None and not static and (
+                waiting or max(ends[s] for s, o in enumerate(owner) if o >= 0) > t)  # a row may still run
+            pending = snaps.pop() if ahead else None
+            for snap in filter(None, snaps):  # oldest first: each its own hand-back
+                finished = self._hand_back(snap, owner, started, admitted, stamp())
+                if finished:
+                    yield finished
             if between_steps is not None and (waiting or any(o >= 0 for o in owner)):
                 between_steps()
             if not waiting and not static:  # the tail: decode only as many slots as rows still run
-                n = self._shrink(st, owner, admitted, n)
+                if pending is not None and self._shrink_target(owner) < n:  # rows move: read the older look first
+                    finished, pending = self._hand_back(pending, owner, started, admitted, stamp()), None
+                    if finished:
+                        yield finished
+                n = self._shrink(st, owner, admitted, ends, n)
 
-    def _shrink(self, st: SlotState, owner: list[int], admitted: list[int], n: int) -> int:
-        """With no row waiting: the smallest bucket (:func:`buckets`) that holds the running rows, which move to
-        free slots below it (:func:`rollout.engines.hf_slots.move_rows`); the step then decodes only those
-        slots (a graph per bucket). The running rows' tokens and logprobs are unchanged: a row depends only on
-        its own prompt, positions and K/V, all moved with it."""
-        live = [s for s, o in enumerate(owner) if o >= 0]
-        target = min(m for m in buckets(len(owner)) if m >= len(live))
+    @staticmethod
+    def _shrink_target(owner: list[int]) -> int:
+        """The smallest bucket (:func:`buckets`) that holds the rows still running."""
+        live = sum(o >= 0 for o in owner)
+        return min(m for m in buckets(len(owner)) if m >= live)
+
+    def _shrink(self, st: SlotState, owner: list[int], admitted: list[int], ends: list[int], n: int) -> int:
+        """With no row waiting: the smallest bucket (:meth:`_shrink_target`) that holds the running rows, which
+        move to free slots below it (:func:`rollout.engines.hf_slots.move_rows`); the step then decodes only
+        those slots (a graph per bucket). The running rows' tokens and logprobs are unchanged: a row depends only
+        on its own prompt, positions and K/V, all moved with it."""
+        target = self._shrink_target(owner)
         if target >= n:
             return n
-        src = [s for s in live if s >= target]
+        src = [s for s, o in enumerate(owner) if o >= 0 and s >= target]
         dst = [s for s in range(target) if owner[s] < 0][: len(src)]
         if src:
             move_rows(st, src, dst)
             for s, d in zip(src, dst):
-                owner[d], admitted[d], owner[s] = owner[s], admitted[s], -1
+                owner[d], admitted[d], ends[d], owner[s] = owner[s], admitted[s], ends[s], -1
         return target
 
     def _capture_buckets(self, model, st: SlotState) -> None:

@@ -108,34 +108,47 @@ def test_inflight_update_stamps_each_completion_with_its_versions(w):
           f"rows admitted after the load vs version 1 alone: largest logprob gap {assert_same(v1, got[2:]):.2e}")
 
 
-def test_lookahead_hands_each_row_back_once_one_interval_late_while_rows_wait(w):
-    """3 slots, 7 rows of budgets 3..13 (no stop token), a look every 4 tokens: while rows wait, a row that
-    ends in interval i is handed back after interval i + 1 (its slot refilled then); once none waits, at the
-    end of its own interval. Each row exactly once, with its full budget. The stamp counts decode steps."""
+def test_lookahead_hands_each_row_back_once_one_interval_late(w):
+    """3 slots, 7 rows of budgets 3..13 (no stop token), a look every 4 tokens: a row that ends in interval i is
+    handed back after interval i + 1 (while rows wait, its slot is refilled then), except at an interval whose
+    end every running row has reached its budget; with ``lookahead=False`` at the end of its own interval. Each
+    row exactly once, with its full budget, the same tokens either way. The stamp counts decode steps."""
     from rollout.engines.hf_continuous import ContinuousSampler
 
     e = engine(w["sharp"])
-    sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
-                                cuda_graphs=False, interval=4)
-    steps, step = [0], sampler._step
-
-    def counted(*args):
-        steps[0] += 1
-        step(*args)
-
-    sampler._step = counted
     ids = [e.tokenizer(p)["input_ids"] for p in PROMPTS] + [e.tokenizer("5+5=")["input_ids"]]
     budget = [3, 13, 5, 4, 9, 6, 7]
-    handed = [f for done in sampler.run(ids, budget, 0.0, slots=3, stamp=lambda: steps[0]) for f in done]
-    assert sorted(f.row for f in handed) == list(range(7))
-    assert all(len(f.tokens) == budget[f.row] for f in handed)
-    at = {f.row: f.versions for f in handed}  # (steps at admission, steps at hand-back)
-    # row 0 (3 tokens: the prefill's and 2 steps) ends in the first interval (3 steps); 4 rows wait, so it is
-    # handed back after the second (7 steps), and row 3, the first waiting, takes its slot then
-    assert at[0] == (0, 7) and at[3][0] == 7, at
-    # the last row admitted: nothing waits any more, so it is handed back at the end of the interval it ends in
-    last = max(at, key=lambda r: at[r][0])
-    assert at[last][1] - at[last][0] <= budget[last] - 1 + 4, at
+    at, tokens = {}, {}
+    for lookahead in (True, False):
+        sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long), torch.Generator(),
+                                    cuda_graphs=False, interval=4, lookahead=lookahead)
+        steps, step = [0], sampler._step
+
+        def counted(*args, step=step, steps=steps):
+            steps[0] += 1
+            step(*args)
+
+        sampler._step = counted
+        calls = sampler.run(ids, budget, 0.0, slots=3, stamp=lambda steps=steps: steps[0])
+        handed = [f for done in calls for f in done]
+        assert sorted(f.row for f in handed) == list(range(7))
+        assert all(len(f.tokens) == budget[f.row] for f in handed)
+        at[lookahead] = {f.row: f.versions for f in handed}  # (steps at admission, steps at hand-back)
+        tokens[lookahead] = {f.row: f.tokens for f in handed}
+    assert tokens[True] == tokens[False]
+    ahead, sync = at[True], at[False]
+    # row 0 (3 tokens: the prefill's and 2 steps) ends in the first interval (3 steps); handed back after the
+    # second (7 steps), where row 3, the first waiting, takes its slot; without look-ahead after the first
+    assert ahead[0] == (0, 7) and ahead[3][0] == 7 and sync[0] == (0, 3) and sync[3][0] == 3, (ahead, sync)
+    # without look-ahead every row is handed back at the end of the interval it ends in
+    assert all(sync[r][1] - sync[r][0] <= budget[r] - 1 + 3 for r in sync), sync
+    # the row that reaches its budget last: the interval where it does is read at once (all others ended)
+    last = max(ahead, key=lambda r: ahead[r][0] + budget[r] - 1)
+    assert ahead[last][1] - ahead[last][0] <= budget[last] - 1 + 3, (ahead, sync)
+    # once no row waits (after the last admission), a row that ends before the last is handed back one interval late
+    admitted_last = max(v[0] for v in ahead.values())
+    assert any(ahead[r][1] - ahead[r][0] > budget[r] - 1 + 3 for r in ahead
+               if ahead[r][0] + budget[r] - 1 > admitted_last and r != last), (ahead, sync)
 
 
 def test_states_are_reused_across_calls_of_varying_shapes(w):
