@@ -5,9 +5,12 @@ T = 1, through the HF engine as the rollout actor builds it (continuous batching
 the decode kernels), the prompts templated as the actor's. After a warm-up call, ``--calls`` calls alternate:
 
 - ``bare``: ``generate_groups`` with each group only collected;
-- ``scored``: each group scored by the task's reward as it ends (math_verify in its child process), as the
-  actor does before its PUT: scoring time spent while no decode step is queued shows up as the difference;
-- ``scored_no_lookahead``: the same with the sampler's look-ahead off (``ContinuousSampler(lookahead=False)``:
+- ``scored``: each hand-back's completions scored by the task's reward as the actor does before its PUT
+  (``Task.rewards``: math_verify in :data:`rollout.reward_workers.DEFAULT_WORKERS` child processes, in
+  parallel): scoring time that no queued decode step hides shows up as the difference;
+- ``scored_one_worker``: the same with one math_verify process (every check one after another, as before
+  ``--reward_workers``);
+- ``scored_no_lookahead``: ``scored`` with the sampler's look-ahead off (``ContinuousSampler(lookahead=False)``:
   each interval's rows read, and their groups scored, before the next interval's steps are queued).
 
 For one more call the sampler's decode steps are counted by slot count (bucket), each bucket's captured step
@@ -34,13 +37,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from rollout.reward_workers import DEFAULT_WORKERS  # noqa: E402
 
-
-KINDS = {"bare": (False, True), "scored": (True, True), "scored_no_lookahead": (True, False)}  # (scored, lookahead)
+# kind -> (reward workers scoring each hand-back, 0: none; the sampler's look-ahead)
+KINDS = {"bare": (0, True), "scored": (DEFAULT_WORKERS, True), "scored_one_worker": (1, True),
+         "scored_no_lookahead": (DEFAULT_WORKERS, False)}
 
 
 def setup(args):
-    """(engine, task, problems, prompt id lists) as the actor has them."""
+    """(engine, {workers: task}, problems, prompt id lists) as the actor has them."""
     from distrl.core.gguf import resolve_model
     from rollout.engines.hf import HFEngine
     from rollout.prompt_fit import prompt_ids
@@ -49,29 +54,34 @@ def setup(args):
     if args.smoke:
         from distrl.core.tiny import build_tiny_model
 
-        model, task = str(build_tiny_model(args.out / "tiny", seed=0)), load_task("arith", None, seed=1)
+        model = str(build_tiny_model(args.out / "tiny", seed=0))
+        scorers = {w: load_task("arith", None, seed=1) for w in (1, DEFAULT_WORKERS)}
     else:
-        model, task = str(resolve_model(args.model)), load_task("gsm8k", str(Path(args.dataset).resolve()), seed=1)
+        model = str(resolve_model(args.model))
+        scorers = {w: load_task("gsm8k", str(Path(args.dataset).resolve()), seed=1, verify_workers=w)
+                   for w in (1, DEFAULT_WORKERS)}
+    task = scorers[1]
     engine = HFEngine(model, seed=1)
     engine.warm_up()
     stream = task.problems(seed=1)
     problems = [next(stream) for _ in range(args.prompts * (args.calls + 2))]
     ids = [prompt_ids(task, p, engine.tokenizer)[1] for p in problems]
-    return engine, task, problems, ids
+    return engine, scorers, problems, ids
 
 
-def call(engine, task, problems, ids, args, scored: bool) -> tuple[float, int]:
-    """(wall seconds, completion tokens) of one generate_groups call, groups scored as they end if ``scored``."""
+def call(engine, scorers, problems, ids, args, workers: int) -> tuple[float, int]:
+    """(wall seconds, completion tokens) of one generate_groups call, each hand-back's completions scored by
+    ``scorers[workers]`` (a task whose reward runs that many processes; 0: not scored)."""
     import torch
 
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
     t0, tokens = time.perf_counter(), 0
     for finished in engine.generate_groups(ids, args.group_size, 1.0, args.max_new_tokens, seed=7):
-        for p, result in finished:
-            tokens += sum(len(c.token_ids) for c in result.completions)
-            if scored:
-                [task.reward(c.text, c.token_ids, problems[p]) for c in result.completions]
+        items = [(c.text, c.token_ids, problems[p]) for p, result in finished for c in result.completions]
+        tokens += sum(len(ids) for _, ids, _ in items)
+        if workers:
+            scorers[workers].rewards(items)
     sync()
     return time.perf_counter() - t0, tokens
 
@@ -98,7 +108,7 @@ def gpu_split(engine, problems, ids, args) -> dict:
 
     sampler._step, sampler._admit = counted, timed
     try:
-        wall, tokens = call(engine, None, problems, ids, args, scored=False)
+        wall, tokens = call(engine, {}, problems, ids, args, workers=0)
     finally:
         sampler._step, sampler._admit = step, admit
     st = sampler._states[max(sampler._states)]
@@ -114,7 +124,7 @@ def profile(engine, problems, ids, args) -> None:
     acts = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
     with torch.profiler.profile(activities=acts) as prof:
-        call(engine, None, problems, ids, args, scored=False)
+        call(engine, {}, problems, ids, args, workers=0)
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=80)
     (args.out / "actor_call_profile.txt").write_text(table)
     print(table, flush=True)
@@ -137,16 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     elif not (args.model and args.dataset):
         p.error("--model and --dataset are needed (or --smoke)")
     args.out.mkdir(parents=True, exist_ok=True)
-    engine, task, problems, ids = setup(args)
+    engine, scorers, problems, ids = setup(args)
     chunk = lambda i: (problems[i * args.prompts:(i + 1) * args.prompts], ids[i * args.prompts:(i + 1) * args.prompts])  # noqa: E731
-    call(engine, task, *chunk(0), args, scored=True)  # warm-up: this state's graphs, math_verify's child
+    for w in scorers:  # warm-up: this state's graphs, math_verify's children
+        call(engine, scorers, *chunk(0), args, workers=w)
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for i in range(args.calls):
-        for kind, (scored, lookahead) in KINDS.items():
+        for kind, (workers, lookahead) in KINDS.items():
             if engine._continuous is not None:
                 engine._continuous.lookahead = lookahead
-            times[kind].append(round(call(engine, task, *chunk(1 + i), args, scored)[0], 4))
+            times[kind].append(round(call(engine, scorers, *chunk(1 + i), args, workers)[0], 4))
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": str(engine.device),
+           "reward_workers": DEFAULT_WORKERS,
            "rows": args.prompts * args.group_size, "max_new_tokens": args.max_new_tokens, "calls_s": times,
            **{f"{kind}_s_median": statistics.median(times[kind]) for kind in KINDS}}
     if engine._continuous is not None:

@@ -31,6 +31,7 @@ from distrl.weights.attest import Stamper
 from rollout.config import TaskOptions
 from rollout.engines.base import PromptResult
 from rollout.prompt_fit import LongPrompts, prompt_limit
+from rollout.reward_workers import DEFAULT_WORKERS
 from rollout.rewards import UserReward, apply_truncation
 
 log = logging.getLogger("distrl.actor")
@@ -73,15 +74,18 @@ class RolloutActor:
 
         self.cfg, self.actor_id = cfg, actor_id
         self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
+        workers = cfg.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
         self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, arith_ops=cfg.arith_ops,
-                              arith_max_operand=cfg.arith_max_operand)
+                              arith_max_operand=cfg.arith_max_operand, verify_workers=workers)
         self.task.set_prompt(cfg.prompt_template, cfg.chat_template)
         # every actor leaves the held-out problems of --eval_every out of its stream (before taking any)
         heldout = self.task.heldout(cfg.eval_size, cfg.seed) if cfg.eval_every else []
-        self.reward = self.task.reward  # (completion_text, completion_ids, problem) -> (reward, components)
+        # [(completion_text, completion_ids, problem)] -> [(reward, components)], a hand-back's at once
+        self.rewards, self.user_reward = self.task.rewards, None
         if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
-            self.reward = UserReward(cfg.reward, cfg.reward_timeout_s)
-            self.reward.check(next(self.task.problems(seed=0)))
+            self.user_reward = UserReward(cfg.reward, cfg.reward_timeout_s, workers)
+            self.user_reward.check(next(self.task.problems(seed=0)))
+            self.rewards = self.user_reward.score_many
         # a given engine (rollout.colocated shares the learner's model) never changes weights mid-call
         self.inflight_update = "off"
         if engine is None:
@@ -246,14 +250,26 @@ class RolloutActor:
                 raise VersionBoundary
             self._refresh_weights(0)  # in place: the running completions continue with it
 
+    def _make_groups(self, finished, problems, prompts, t0: float, gen_s: float) -> list[pa.Table]:
+        """The Arrow rows of each ended group of a hand-back (``(prompt index, result, versions)``): every
+        completion scored in one :attr:`rewards` call (in parallel where the scorer runs child processes)."""
+        items = [(c.text, c.token_ids, problems[i]) for i, result, _ in finished for c in result.completions]
+        scored, at = self.rewards(items), 0
+        groups = []
+        for i, result, versions in finished:
+            n = len(result.completions)
+            groups.append(self._make_group(problems[i], prompts[i], result, t0, gen_s, versions, scored[at:at + n]))
+            at += n
+        return groups
+
     def _make_group(self, problem, prompt_text: str, result, t0: float, gen_s: float,
-                    versions: tuple[int, int]) -> pa.Table:
-        """Score one prompt's completions, compute the group's advantages, build its Arrow rows.
-        ``versions``: the policy versions of the group's first and last tokens; ``gen_s``: seconds from
-        the call's start to the group's end."""
+                    versions: tuple[int, int], scored: list[tuple[float, dict]]) -> pa.Table:
+        """One prompt's group: its completions' ``scored`` rewards under --truncation, the group's advantages,
+        its Arrow rows. ``versions``: the policy versions of the group's first and last tokens; ``gen_s``:
+        seconds from the call's start to the group's end."""
         comps = result.completions
-        scored = [apply_truncation(*self.reward(c.text, c.token_ids, problem), c.finish_reason, self.cfg.truncation)
-                  for c in comps]
+        scored = [apply_truncation(r, comp, c.finish_reason, self.cfg.truncation)
+                  for c, (r, comp) in zip(comps, scored)]
         rewards = [r for r, _ in scored]
         advantages = group_advantages(rewards, self.cfg.advantage_estimator)
         self._seq += 1
@@ -279,9 +295,7 @@ class RolloutActor:
         t0, c0 = time.time(), time.perf_counter()
         start_version, groups, results = self.version, [], []
         for finished in self._generate(list(prompt_ids), seed):  # PUT each group as soon as it ends
-            gen_s = time.perf_counter() - c0
-            ended = [self._make_group(problems[i], prompts[i], result, t0, gen_s, versions)
-                     for i, result, versions in finished]
+            ended = self._make_groups(finished, problems, prompts, t0, time.perf_counter() - c0)
             self.client.put_many(ended)  # one message, acknowledged once every group is in the segment log
             groups += ended
             results += [result for _, result, _ in finished]
@@ -342,8 +356,10 @@ class RolloutActor:
         except (TimeoutError, RuntimeError) as exc:  # a buffer already shut down, or one without LEAVE
             log.info("%s: could not tell the buffer it leaves (%s)", self.name, exc)
         self.client.close()
-        if isinstance(self.reward, UserReward):
-            self.reward.close()
+        if self.user_reward is not None:
+            self.user_reward.close()
+        if getattr(self.task, "verifier", None) is not None:  # its math_verify children
+            self.task.verifier.close()
         self.loader.close()
         self.weights.close()
 

@@ -101,5 +101,5 @@ class LearnerGenerator(RolloutActor):
     def close(self) -> None:
         self.metrics.close()
         self.client.close()
-        if getattr(self.reward, "close", None) is not None:  # a --reward worker process
-            self.reward.close()
+        if self.user_reward is not None:  # the --reward worker processes
+            self.user_reward.close()

@@ -19,9 +19,10 @@ signal machinery off (and :func:`_math_verify` marks math_verify's once-per-proc
 disabled" warning as already shown: it says nothing new here). That alone leaves no bound on time:
 sympy does not return on some short answers (``\\boxed{9^{9^{9^{9}}}}`` ran for over a minute), and
 SIGALRM could not stop a long C-level big-integer power anyway. So by default (``timeout_s`` set)
-:class:`MathVerifier` checks in a child process of its own (started on first use, JSON lines over
-pipes, nothing pickled), which it kills and restarts when an answer takes longer than ``timeout_s``.
-With ``timeout_s=None`` it checks in the calling thread, unbounded.
+:class:`MathVerifier` checks in child processes of its own (:class:`rollout.reward_workers.WorkerPool`:
+started on first use, JSON lines over pipes, nothing pickled, ``workers`` of them checking a list of answers
+in parallel), killing and restarting one when an answer takes longer than ``timeout_s``. With
+``timeout_s=None`` it checks in the calling thread, unbounded.
 """
 
 from __future__ import annotations
@@ -30,18 +31,14 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
-import json
 import math
 import numbers
-import os
-import select
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from rollout.answers import final_answer, integer_answer, last_boxed
+from rollout.reward_workers import WorkerPool, child_code, serve_lines
 
 
 @dataclasses.dataclass
@@ -132,103 +129,49 @@ def normalize_answer(answer: str | None) -> str | None:
     return str(obj)
 
 
-class _JsonWorker:
-    """A child process that answers JSON lines (nothing pickled), started on first use.
-
-    Args:
-        code: ``python -c`` text of the child: it prints ``ready``, then one JSON line per line it reads
-            (see :func:`_serve_lines`).
-        what: the worker's name in error messages, e.g. ``math_verify worker``.
-        start_hint: what to check when the child does not start.
-    """
-
-    START_TIMEOUT_S = 120.0
-
-    def __init__(self, code: str, what: str, start_hint: str):
-        self.code, self.what, self.start_hint = code, what, start_hint
-        self._proc: subprocess.Popen | None = None
-
-    def call(self, request, timeout_s: float):
-        """Send ``request``, return the JSON reply; None if none came within ``timeout_s`` (child killed,
-        the next call starts a new one). Raises RuntimeError if the child exits or does not start."""
-        if self._proc is None or self._proc.poll() is not None:
-            self._start()
-        self._proc.stdin.write(json.dumps(request, default=str) + "\n")
-        self._proc.stdin.flush()
-        if not self._wait_readable(timeout_s):
-            self.close()
-            return None
-        line = self._proc.stdout.readline()
-        if not line:
-            code = self._proc.wait()
-            self.close()
-            raise RuntimeError(f"{self.what} exited with code {code} (its stderr is above)")
-        return json.loads(line)
-
-    def _start(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-c", self.code], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, bufsize=1)
-        if not self._wait_readable(self.START_TIMEOUT_S) or self._proc.stdout.readline().strip() != "ready":
-            self.close()
-            raise RuntimeError(f"{self.what} did not start within {self.START_TIMEOUT_S:.0f} s ({self.start_hint})")
-
-    def _wait_readable(self, timeout_s: float) -> bool:
-        readable, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        return bool(readable)
-
-    def close(self) -> None:
-        """Kill the child, if any (by our own Popen handle)."""
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            for stream in (self._proc.stdin, self._proc.stdout):
-                stream.close()
-            self._proc = None
-
-    def __del__(self) -> None:
-        if getattr(self, "_proc", None) is not None:
-            self.close()
-
-
-def _child_code(call: str) -> str:
-    root = str(Path(__file__).resolve().parents[1])
-    return f"import sys; sys.path.insert(0, {root!r}); import rollout.rewards as r; {call}"
-
-
 class MathVerifier:
     """Scores a completion's final answer (:func:`rollout.answers.final_answer`) against a gold answer with
     math_verify.
 
     Args:
-        timeout_s: seconds one check may take, or None. Set: checks run in a child process (first use
-            starts it, in about 2 s), which is killed and restarted past the limit; the completion then
+        timeout_s: seconds one check may take, or None. Set: checks run in child processes (first use
+            starts them, in about 2 s), each killed and restarted past the limit; the completion then
             scores 0 with component ``timeout`` 1. None: checks run in the calling thread, unbounded.
+        workers: child processes that check in parallel (:meth:`score_many`; 1 to ``--reward_workers``).
 
-    Safe to call from any thread; concurrent calls are serialized. Pickles without its child process.
+    Safe to call from any thread; concurrent calls are serialized. Pickles without its child processes.
+    Raises ValueError for ``timeout_s`` <= 0 or ``workers`` < 1.
     """
 
-    def __init__(self, timeout_s: float | None = 5.0):
+    def __init__(self, timeout_s: float | None = 5.0, workers: int = 1):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
-        self.timeout_s = timeout_s
-        self._worker = _JsonWorker(_child_code("r._serve()"), "math_verify worker",
-                                   f"check that `{sys.executable} -c 'import math_verify'` works")
-        self._lock = threading.Lock()
+        self.timeout_s, self.workers = timeout_s, workers
+        self._pool = WorkerPool(child_code("rollout.rewards", "r._serve()"), "math_verify worker",
+                                f"check that `{sys.executable} -c 'import math_verify'` works", workers)
 
     def score(self, completion_text: str, gold: str) -> tuple[float, dict[str, float]]:
         """Reward 1.0 iff the answer is equivalent to `gold`. Components: ``correct``, ``format``
         (the answer was in a ``\\boxed{}``), ``gold_unparsable``, ``timeout``."""
-        answer, boxed = final_answer(completion_text), last_boxed(completion_text) is not None
+        return self.score_many([completion_text], [gold])[0]
+
+    def score_many(self, texts: list[str], golds: list[str]) -> list[tuple[float, dict[str, float]]]:
+        """:meth:`score` of each (text, gold) pair, the distinct (gold, answer) pairs checked in parallel."""
+        answers = [final_answer(t) for t in texts]
+        checks = list(dict.fromkeys(zip(golds, answers)))  # a group's completions often share their answer
         if self.timeout_s is None:
-            result = check_answer(gold, answer)
+            results = [check_answer(gold, answer) for gold, answer in checks]
         else:
-            with self._lock:
-                result = self._worker.call([gold, answer], self.timeout_s)
-        timed_out = result is None
-        result = result or {"gold_ok": True, "correct": False}
-        correct = float(result["gold_ok"] and result["correct"])
-        return correct, {"correct": correct, "format": float(boxed), "gold_unparsable": float(not result["gold_ok"]),
-                         "timeout": float(timed_out)}
+            results = self._pool.map([list(c) for c in checks], self.timeout_s)
+        found = dict(zip(checks, results))
+        out = []
+        for text, key in zip(texts, zip(golds, answers)):
+            result, boxed = found[key], last_boxed(text) is not None
+            ok = result or {"gold_ok": True, "correct": False}
+            correct = float(ok["gold_ok"] and ok["correct"])
+            out.append((correct, {"correct": correct, "format": float(boxed),
+                                  "gold_unparsable": float(not ok["gold_ok"]), "timeout": float(result is None)}))
+        return out
 
     def normalize(self, completion_text: str) -> str | None:
         """The completion's final answer (:func:`rollout.answers.final_answer`) in canonical form
@@ -237,20 +180,18 @@ class MathVerifier:
         answer = final_answer(completion_text)
         if answer is None or self.timeout_s is None:
             return normalize_answer(answer)
-        with self._lock:
-            reply = self._worker.call({"normalize": answer}, self.timeout_s)
+        reply = self._pool.map([{"normalize": answer}], self.timeout_s)[0]
         return None if reply is None else reply["answer"]
 
     def close(self) -> None:
-        """Stop the child process, if any (a later score() starts a new one)."""
-        with self._lock:
-            self._worker.close()
+        """Stop the child processes, if any (a later score() starts new ones)."""
+        self._pool.close()
 
     def __getstate__(self) -> dict:
-        return {"timeout_s": self.timeout_s}
+        return {"timeout_s": self.timeout_s, "workers": self.workers}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["timeout_s"])
+        self.__init__(state["timeout_s"], state.get("workers", 1))
 
 
 # ---- a user's reward function (--reward) ---------------------------------------------------------------
@@ -302,36 +243,43 @@ class UserReward:
     Args:
         spec: ``module:function`` or ``path/to/file.py:function`` (imported here at once, so a wrong
             spec raises ValueError naming --reward before anything runs).
-        timeout_s: seconds one call may take. Set: calls run in a child process (the problem travels as
-            JSON: its ``meta`` must be JSON-serializable, other values become strings), which is killed
+        timeout_s: seconds one call may take. Set: calls run in child processes (the problem travels as
+            JSON: its ``meta`` must be JSON-serializable, other values become strings), each killed
             and restarted past the limit; that completion scores 0 with the only component ``timeout``
             1. None: calls run in the calling thread, unbounded.
+        workers: child processes that call it in parallel (:meth:`score_many`; ``--reward_workers``).
 
     ``__call__(completion_text, completion_ids, problem)`` returns ``(reward, components)`` like
     ``Task.reward``; it raises ValueError naming --reward when the function raises or returns a wrong
     type (:func:`reward_value`). :meth:`check` does one such call at start.
     """
 
-    def __init__(self, spec: str, timeout_s: float | None = 10.0):
+    def __init__(self, spec: str, timeout_s: float | None = 10.0, workers: int = 1):
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"--reward_timeout_s must be > 0 or None, got {timeout_s}")
         self.spec, self.timeout_s = spec, timeout_s
         self.fn = load_reward_function(spec)
-        self._worker = _JsonWorker(_child_code(f"r._serve_user({spec!r})"), f"--reward {spec} worker",
-                                   f"check that `{spec}` imports quickly")
-        self._lock = threading.Lock()
+        self._pool = WorkerPool(child_code("rollout.rewards", f"r._serve_user({spec!r})"), f"--reward {spec} worker",
+                                f"check that `{spec}` imports quickly", workers)
 
     def __call__(self, completion_text: str, completion_ids: list[int], problem) -> tuple[float, dict[str, float]]:
+        return self.score_many([(completion_text, completion_ids, problem)])[0]
+
+    def score_many(self, items: list[tuple[str, list[int], Any]]) -> list[tuple[float, dict[str, float]]]:
+        """``(reward, components)`` of each ``(completion_text, completion_ids, problem)``, in parallel."""
         if self.timeout_s is None:
-            return self._call_here(completion_text, problem)
-        with self._lock:
-            reply = self._worker.call({"text": completion_text, "problem": dataclasses.asdict(problem)},
-                                      self.timeout_s)
-        if reply is None:
-            return 0.0, {"timeout": 1.0}
-        if "error" in reply:
-            raise ValueError(reply["error"])
-        return reply["reward"], reply["components"]
+            return [self._call_here(text, problem) for text, _, problem in items]
+        replies = self._pool.map([{"text": text, "problem": dataclasses.asdict(problem)} for text, _, problem in items],
+                                 self.timeout_s)
+        out = []
+        for reply in replies:
+            if reply is None:
+                out.append((0.0, {"timeout": 1.0}))
+            elif "error" in reply:
+                raise ValueError(reply["error"])
+            else:
+                out.append((reply["reward"], reply["components"]))
+        return out
 
     def _call_here(self, completion_text: str, problem) -> tuple[float, dict[str, float]]:
         try:
@@ -349,9 +297,8 @@ class UserReward:
                              f"{self.timeout_s}")
 
     def close(self) -> None:
-        """Stop the child process, if any."""
-        with self._lock:
-            self._worker.close()
+        """Stop the child processes, if any."""
+        self._pool.close()
 
 
 # ---- truncated completions (--truncation) ----------------------------------------------------------------
@@ -375,26 +322,6 @@ def apply_truncation(reward: float, components: dict[str, float], finish_reason:
     return reward, components
 
 
-def _serve_lines(handle: Callable) -> None:
-    """Child-process loop: JSON lines in, ``handle(request)`` as JSON lines out, after a ``ready`` line.
-
-    Exits when stdin closes or the parent process is gone (checked every second).
-    """
-    parent = os.getppid()
-
-    def watch_parent() -> None:
-        while os.getppid() == parent:
-            threading.Event().wait(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch_parent, daemon=True).start()
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything else printed goes to stderr, never into the protocol
-    out.write("ready\n")
-    for line in sys.stdin:
-        out.write(json.dumps(handle(json.loads(line))) + "\n")
-
-
 def _serve() -> None:
     """Child process of MathVerifier: ``[gold, answer]`` in, :func:`check_answer` out;
     ``{"normalize": answer}`` in, ``{"answer": normalize_answer(answer)}`` out."""
@@ -405,7 +332,7 @@ def _serve() -> None:
             return {"answer": normalize_answer(request["normalize"])}
         return check_answer(*request)
 
-    _serve_lines(handle)
+    serve_lines(handle)
 
 
 def _serve_user(spec: str) -> None:
@@ -423,4 +350,4 @@ def _serve_user(spec: str) -> None:
             return {"error": str(exc)}
         return {"reward": reward, "components": components}
 
-    _serve_lines(handle)
+    serve_lines(handle)

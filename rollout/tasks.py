@@ -127,6 +127,11 @@ class Task(abc.ABC):
                problem: Problem) -> tuple[float, dict[str, float]]:
         """``(reward, named components)`` of one completion of `problem`."""
 
+    def rewards(self, items: Sequence[tuple[str, list[int], Problem]]) -> list[tuple[float, dict[str, float]]]:
+        """:meth:`reward` of each ``(completion_text, completion_ids, problem)`` (a task that checks in child
+        processes checks them in parallel)."""
+        return [self.reward(*item) for item in items]
+
 
 class ArithTask(Task):
     """``a op b =`` with integers a, b in [0, max_operand] and op from `ops`; gold is the exact result.
@@ -205,6 +210,7 @@ class MathDatasetTask(Task):
         base_seed: see :class:`Task`.
         verify_timeout_s: seconds one answer check may take (None: unbounded, in the calling thread);
             see :class:`rollout.rewards.MathVerifier`.
+        verify_workers: child processes that check answers in parallel (:meth:`rewards`).
 
     Raises:
         ValueError: `rows` is empty or lacks a required field.
@@ -212,7 +218,8 @@ class MathDatasetTask(Task):
 
     required_fields: tuple[str, ...] = ()
 
-    def __init__(self, rows: Sequence[dict], base_seed: int = 0, verify_timeout_s: float | None = 5.0):
+    def __init__(self, rows: Sequence[dict], base_seed: int = 0, verify_timeout_s: float | None = 5.0,
+                 verify_workers: int = 1):
         super().__init__(base_seed)
         if len(rows) == 0:
             raise ValueError(f"{self.name}: the dataset has no rows")
@@ -221,7 +228,7 @@ class MathDatasetTask(Task):
             raise ValueError(f"{self.name} needs fields {self.missing_fields({})}; "
                              f"missing {missing}, seen {sorted(rows[0])}")
         self.rows = rows
-        self.verifier = MathVerifier(verify_timeout_s)
+        self.verifier = MathVerifier(verify_timeout_s, verify_workers)
 
     @classmethod
     def missing_fields(cls, row: dict) -> list[str]:
@@ -248,6 +255,9 @@ class MathDatasetTask(Task):
 
     def reward(self, completion_text, completion_ids, problem):
         return self.verifier.score(completion_text, problem.gold)
+
+    def rewards(self, items):
+        return self.verifier.score_many([text for text, _, _ in items], [problem.gold for _, _, problem in items])
 
     def extract_answer(self, completion_text):
         """The answer the reward checks (:func:`rollout.answers.final_answer`), normalized by math_verify's
@@ -359,7 +369,7 @@ def infer_task(rows, dataset: str) -> str | None:
 
 def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0, *,
               config_name: str | None = None, split: str | None = None,
-              verify_timeout_s: float | None = 5.0, arith_ops: Sequence[str] = ("+", "-"),
+              verify_timeout_s: float | None = 5.0, verify_workers: int = 1, arith_ops: Sequence[str] = ("+", "-"),
               arith_max_operand: int = 99) -> Task:
     """The task of a run, from ``--task`` and ``--dataset``.
 
@@ -367,7 +377,8 @@ def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0
     - `task` gsm8k/math500: rows from `dataset`, default its hub dataset (`DEFAULT_DATASETS`).
     - no `task`: inferred from the dataset's fields (:func:`infer_task`); no dataset either: arith.
 
-    `seed` is the run's seed (each actor then passes its own seed to ``problems``).
+    `seed` is the run's seed (each actor then passes its own seed to ``problems``). `verify_timeout_s` and
+    `verify_workers` set gsm8k/math500's :class:`rollout.rewards.MathVerifier`.
     `arith_ops` and `arith_max_operand` (``--arith_ops``, ``--arith_max_operand``) shape arith/half_vocab.
 
     Raises:
@@ -385,4 +396,4 @@ def load_task(task: str | None = None, dataset: str | None = None, seed: int = 0
             seen = sorted(rows[0]) if len(rows) else []
             raise ValueError(f"--dataset {dataset}: cannot infer the task from fields {seen} (gsm8k needs "
                              f"question+answer with '####', math500 problem+answer); pass --task")
-    return DATASET_TASKS[task](rows, base_seed=seed, verify_timeout_s=verify_timeout_s)
+    return DATASET_TASKS[task](rows, base_seed=seed, verify_timeout_s=verify_timeout_s, verify_workers=verify_workers)

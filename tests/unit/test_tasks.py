@@ -174,6 +174,29 @@ def test_hanging_answer_times_out_and_the_worker_restarts():
         verifier.close()
 
 
+def test_score_many_equals_scoring_one_by_one(gsm8k):
+    """A hand-back's completions scored together by 3 math_verify workers (answers shared within a group checked
+    once): the same rewards and components as one by one; a hanging answer times out alone."""
+    problems = [gsm8k.to_problem(gsm8k.rows[i], i) for i in range(4)]
+    texts = [f"so it is \\boxed{{{p.gold}}}" for p in problems] + ["the answer is 7", "no answer", "\\boxed{x}"]
+    golds = [p.gold for p in problems] + [problems[0].gold] * 3
+    texts, golds = texts * 2, golds * 2  # repeated answers
+    verifier = MathVerifier(timeout_s=5.0, workers=3)
+    try:
+        many = verifier.score_many(texts, golds)
+        assert many == [verifier.score(t, g) for t, g in zip(texts, golds)]
+        assert [r for r, _ in many[:4]] == [1.0] * 4 and many[4][0] == many[5][0] == 0.0
+    finally:
+        verifier.close()
+    short = MathVerifier(timeout_s=1.0, workers=2)
+    try:
+        hang = short.score_many(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{3}"], ["3", "3"])
+        assert hang[0][1]["timeout"] == 1.0 and hang[1] == (1.0, {"correct": 1.0, "format": 1.0,
+                                                                 "gold_unparsable": 0.0, "timeout": 0.0})
+    finally:
+        short.close()
+
+
 def test_math_verify_timeout_warning_is_not_logged():
     """math_verify logs "Timeout is disabled ..." once per process when its timeouts are off, as every call
     of ours turns them off: neither the calling process nor the worker child may print it."""

@@ -73,6 +73,23 @@ def test_user_reward_timeout_scores_zero_and_restarts():
         reward.close()
 
 
+def test_user_reward_workers_score_a_list_in_parallel_in_order():
+    """4 workers, 8 calls that sleep 0.5 or 0.6 s: answered in order by 4 distinct processes whose calls overlap in
+    time (one by one, none would); a call over the limit scores 0 (its worker killed) while the others answer."""
+    reward = UserReward(f"{REWARDS}:sleepy", timeout_s=3.0, workers=4)
+    try:
+        out = reward.score_many([(f"0.{5 + i % 2}", [], PROBLEM) for i in range(8)])
+        assert [r for r, _ in out] == [0.5, 0.6] * 4
+        assert len({c["pid"] for _, c in out}) == 4
+        spans = sorted((c["start"], c["end"]) for _, c in out)
+        assert sum(a[1] > b[0] for a, b in zip(spans, spans[1:])) >= 3, spans  # calls side by side
+        out = reward.score_many([("0.1", [], PROBLEM), ("5", [], PROBLEM), ("0.2", [], PROBLEM)])
+        assert [r for r, _ in out] == [0.1, 0.0, 0.2] and out[1][1] == {"timeout": 1.0}
+        assert reward("0.3", [], PROBLEM)[0] == 0.3  # the killed worker restarts
+    finally:
+        reward.close()
+
+
 def test_reward_file_path_is_made_absolute_in_the_config():
     cfg = TrainConfig(reward=f"{os.path.relpath(REWARDS)}:digits")
     assert cfg.reward == f"{REWARDS}:digits"

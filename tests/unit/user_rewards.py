@@ -24,3 +24,11 @@ def raises(completion_text, problem):
 def slow(completion_text, problem):
     time.sleep(60 if completion_text == "slow" else 0)
     return 1.0
+
+
+def sleepy(completion_text, problem):
+    """Sleeps the seconds the completion names ("0.5") and returns them, with its process id and when it slept
+    (shows calls running side by side)."""
+    start = time.time()
+    time.sleep(float(completion_text))
+    return float(completion_text), {"pid": float(__import__("os").getpid()), "start": start, "end": time.time()}
