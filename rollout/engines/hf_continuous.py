@@ -64,7 +64,6 @@ ended are handed back, so these are the versions of its first and of its last to
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -84,32 +83,10 @@ from rollout.engines.hf_fast import (
 )
 from rollout.engines.hf_kernels import ATTENTION_IMPLS, sample_rows
 from rollout.engines.hf_kernels import available as kernels_available
-from rollout.engines.hf_slots import SlotLayer, SlotState, Snapshot, move_rows
+from rollout.engines.hf_slots import Finished, SlotLayer, SlotState, Snapshot, buckets, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
 PREFILL_ATTENTION = ("causal", "masked")  # ContinuousSampler's prefill_attention
-MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (ContinuousSampler._shrink)
-
-
-def buckets(b: int) -> list[int]:
-    """The slot counts a decode step of B slots runs, largest first: B, then quarters while at least MIN_BUCKET
-    (each is one more captured graph on CUDA, all made at the end of a state's first call)."""
-    out = [b]
-    while out[-1] // 4 >= MIN_BUCKET:
-        out.append(out[-1] // 4)
-    return out
-
-
-@dataclass
-class Finished:
-    """A row handed back: its index in ``run``'s rows, tokens and logprobs (T,), whether it ended on a stop
-    token, and ``stamp()`` when it was admitted and when it was handed back."""
-
-    row: int
-    tokens: list[int]
-    logprobs: list[float]
-    stopped: bool
-    versions: tuple[int, int]
 
 
 class ContinuousSampler:

@@ -1,6 +1,7 @@
 """The slot state of :class:`rollout.engines.hf_continuous.ContinuousSampler`: its static buffers, its KV cache
-(one :class:`SlotLayer` per decoder layer, each slot written at its own position), the host's snapshots, and
-:func:`move_rows`, which moves running rows into lower slots (the tail's smaller step)."""
+(one :class:`SlotLayer` per decoder layer, each slot written at its own position), the host's snapshots, the rows
+it hands back (:class:`Finished`), and :func:`move_rows`, which moves running rows into lower slots (the tail's
+smaller step, of one of :func:`buckets`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,29 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+MIN_BUCKET = 8  # the fewest slots a decode step runs once no row waits (ContinuousSampler._shrink)
+
+
+def buckets(b: int) -> list[int]:
+    """The slot counts a decode step of B slots runs, largest first: B, then quarters while at least MIN_BUCKET
+    (each is one more captured graph on CUDA, all made at the end of a state's first call)."""
+    out = [b]
+    while out[-1] // 4 >= MIN_BUCKET:
+        out.append(out[-1] // 4)
+    return out
+
+
+@dataclass
+class Finished:
+    """A row handed back: its index in ``run``'s rows, tokens and logprobs (T,), whether it ended on a stop
+    token, and ``stamp()`` when it was admitted and when it was handed back."""
+
+    row: int
+    tokens: list[int]
+    logprobs: list[float]
+    stopped: bool
+    versions: tuple[int, int]
 
 
 class SlotLayer(CacheLayerMixin):
