@@ -188,14 +188,15 @@ def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, lis
     alternated, after one untimed round; no graph, no compile (an admission runs eagerly in a run too)."""
     import torch
 
-    from rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, _grouped, _round_up
+    from rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, _round_up
+    from rollout.engines.hf_fast import grouped_attention_mode
 
     dev = model.device
     rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
     samplers = {a: make_sampler(model, cuda=False, prefill=a) for a in PREFILL_ATTENTION}  # no graph, no compile
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {a: [] for a in samplers}
-    with torch.inference_mode(), _grouped(model):
+    with torch.inference_mode(), grouped_attention_mode(model):
         for i in range(repeats + 1):
             for a, sampler in samplers.items():
                 st = sampler._prepare(model, batch, _round_up(prompt, PAD_MULTIPLE) + PAD_MULTIPLE, PAD_MULTIPLE)
@@ -291,7 +292,7 @@ def case_profile(model, args, cuda: bool) -> dict:
     profiler's table, top 25 by device time, saved to ``DIR/profile_b<batch>.txt``)."""
     import torch
 
-    from rollout.engines.hf_continuous import _grouped
+    from rollout.engines.hf_fast import grouped_attention_mode
 
     batch, new = max(args.batches), args.new_tokens
     rows = random_rows(batch, model.config.vocab_size, seed=2)
@@ -305,7 +306,7 @@ def case_profile(model, args, cuda: bool) -> dict:
             res[f"step_ms_{name}"] = replay_ms(st.graphs[batch])
     st = sampler._states[batch]
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.inference_mode(), _grouped(model), torch.profiler.profile(activities=acts) as prof:
+    with torch.inference_mode(), grouped_attention_mode(model), torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):
             sampler._decode_fn(model, st, st.index[:batch])
         if cuda:

@@ -16,8 +16,10 @@ Loop (:meth:`ContinuousSampler.run`):
    when every slot is free, so each batch runs to its longest row: the reference the bench compares
    with). The admitted prompts are prefilled together (right-padded to the longest, causal attention), their
    K/V written into their slots, and each row's first token picked from the logits at its last prompt
-   position. Their ids, lengths, slots and budgets reach the GPU in one pinned, non-blocking copy: the
-   host queues the admission behind the queued steps without waiting for them.
+   position. Rows of the same prompt (a group's completions) share one prefill: its K/V are copied into
+   the others' slots, and each row draws its own first token from the shared logits. Their ids, lengths,
+   slots and budgets reach the GPU in one pinned, non-blocking copy: the host queues the admission behind
+   the queued steps without waiting for them.
 2. Decode: one step for all B slots, as the fast path's (fp32 head, argmax or the exponential race over
    ``logits / T`` and the logprob under ``softmax(logits / T)``: :func:`rollout.engines.hf_fast.pick`, or the
    same in one pass with Gumbel noise where the kernels run: :func:`rollout.engines.hf_kernels.sample_rows`), each
@@ -75,6 +77,7 @@ from rollout.engines.hf_fast import (
     _round_up,
     compiled_step,
     grouped_attention,
+    grouped_attention_mode,
     has_mm_out_dtype,
     head_logits,
     pick,
@@ -83,7 +86,7 @@ from rollout.engines.hf_fast import (
 )
 from rollout.engines.hf_kernels import ATTENTION_IMPLS, sample_rows
 from rollout.engines.hf_kernels import available as kernels_available
-from rollout.engines.hf_slots import Finished, SlotLayer, SlotState, Snapshot, buckets, move_rows
+from rollout.engines.hf_slots import Finished, SlotLayer, SlotState, Snapshot, buckets, copy_prefix, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
 PREFILL_ATTENTION = ("causal", "masked")  # ContinuousSampler's prefill_attention
@@ -175,13 +178,13 @@ class ContinuousSampler:
                 taken = [waiting.popleft() for _ in free]
                 for s, r in zip(free, taken):
                     owner[s], started[r], admitted[s], ends[s] = r, stamp(), k, t + budget[r] - 1
-                with _grouped(model):
+                with grouped_attention_mode(model):
                     self._admit(model, st, free, [rows[r] for r in taken], [budget[r] for r in taken])
             if all(o < 0 for o in owner):
                 if self.cuda_graphs:
                     self._capture_buckets(model, st)
                 return
-            with _grouped(model):
+            with grouped_attention_mode(model):
                 while True:
                     self._step(model, st, n)
                     t += 1
@@ -231,7 +234,7 @@ class ContinuousSampler:
         slot is free: a free slot's step writes only what admission resets (its valid row, outputs, position)
         and K/V at positions masked until rewritten. A later call's tail then replays graphs only: no capture
         after a state's first call (issue 23, acceptance 6)."""
-        with _grouped(model):
+        with grouped_attention_mode(model):
             for n in buckets(st.tok.shape[0]):
                 if n not in st.graphs:
                     self._step(model, st, n)
@@ -310,28 +313,42 @@ class ContinuousSampler:
         return st
 
     def _admit(self, model, st: SlotState, slots: list[int], rows: list[list[int]], budget: list[int]) -> None:
-        """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token."""
+        """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token. Rows of the
+        same prompt (a group's) are prefilled once: the others' K/V are copied from its slot
+        (:func:`rollout.engines.hf_slots.copy_prefix`) and their first tokens drawn from its logits."""
         dev = st.tok.device
         k, q = len(rows), max(map(len, rows))
-        host = torch.full((k, q + 3), self.pad_id, dtype=torch.long)  # ids | length | slot | budget, one copy
+        first: dict[tuple, int] = {}  # prompt -> the row that prefills it
+        source = [first.setdefault(tuple(r), i) for i, r in enumerate(rows)]
+        inverse = {i: n for n, i in enumerate(first.values())}
+        u = len(first)
+        host = torch.full((k, q + 5), self.pad_id, dtype=torch.long)  # ids | length | slot | budget | maps, one copy
         for i, r in enumerate(rows):
             host[i, : len(r)] = torch.tensor(r)
-        host[:, q:] = torch.tensor([[len(r), s, n] for r, s, n in zip(rows, slots, budget)])
+        host[:, q:q + 3] = torch.tensor([[len(r), s, n] for r, s, n in zip(rows, slots, budget)])
+        host[:, q + 3] = torch.tensor([inverse[i] for i in source])  # each row's prefilled row, among the u
+        host[:u, q + 4] = torch.tensor(list(first.values()))  # the u rows prefilled
         if dev.type == "cuda":  # pinned and non-blocking: a pageable copy would wait for every queued step
             host = host.pin_memory()
         on_dev = host.to(dev, non_blocking=True)
         ids, lens, index, rows_budget = on_dev[:, :q], on_dev[:, q], on_dev[:, q + 1], on_dev[:, q + 2]
+        of, prefilled = on_dev[:, q + 3], on_dev[:u, q + 4]
         where = torch.arange(q, device=dev)
-        mask = None if self.prefill_causal else (  # (k, 1, Q, Q)
-            (where[None, :] <= where[:, None])[None, None] & (where < lens[:, None])[:, None, None, :])
-        st.prefill_slots = index
+        lens_u = lens[prefilled]
+        mask = None if self.prefill_causal else (  # (u, 1, Q, Q)
+            (where[None, :] <= where[:, None])[None, None] & (where < lens_u[:, None])[:, None, None, :])
+        st.prefill_slots = index[prefilled]
         try:
-            out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=where[None].expand(k, q),
-                                      past_key_values=st.cache, use_cache=True, prefill_causal=self.prefill_causal)
+            out = model.get_decoder()(input_ids=ids[prefilled], attention_mask=mask,
+                                      position_ids=where[None].expand(u, q), past_key_values=st.cache, use_cache=True,
+                                      prefill_causal=self.prefill_causal)
         finally:
             st.prefill_slots = None
-        h = out.last_hidden_state[torch.arange(k, device=dev), lens - 1]  # (k, hidden): each last prompt token
-        tok, lp = pick(head_logits(model, h, self._mm_fp32), st.temperature, self.generator)
+        if u < k:
+            copies = [(slots[j], slots[i]) for i, j in enumerate(source) if j != i]
+            copy_prefix(st, [c[0] for c in copies], [c[1] for c in copies], q)
+        h = out.last_hidden_state[torch.arange(u, device=dev), lens_u - 1]  # (u, hidden): each last prompt token
+        tok, lp = pick(head_logits(model, h, self._mm_fp32)[of], st.temperature, self.generator)  # (k,) each
         active = rows_budget > 0
         tok = torch.where(active, tok, self.pad_id)
         st.valid[index] = torch.arange(st.valid.shape[1], device=dev)[None, :] < lens[:, None]
@@ -385,16 +402,3 @@ class ContinuousSampler:
 
         if step_graph(st.graphs, n, decode, self.generator, self.cuda_graphs, st.tok.device):
             self.captures += 1
-
-
-class _grouped:
-    """Run the model with :func:`grouped_attention` (4-D bool masks) inside the block, restored after."""
-
-    def __init__(self, model):
-        self.config = model.config
-
-    def __enter__(self):
-        self.previous, self.config._attn_implementation = self.config._attn_implementation, ATTENTION
-
-    def __exit__(self, *exc):
-        self.config._attn_implementation = self.previous

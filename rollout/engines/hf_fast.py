@@ -102,6 +102,19 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     return out.transpose(1, 2).contiguous(), None
 
 
+class grouped_attention_mode:  # noqa: N801  (used as a function, like torch.inference_mode)
+    """Run the model with :func:`grouped_attention` (4-D bool masks) inside the block, restored after."""
+
+    def __init__(self, model):
+        self.config = model.config
+
+    def __enter__(self):
+        self.previous, self.config._attn_implementation = self.config._attn_implementation, ATTENTION
+
+    def __exit__(self, *exc):
+        self.config._attn_implementation = self.previous
+
+
 def supports_static(config) -> bool:
     """True when every decoder layer is full attention (no sliding window), which the static path assumes."""
     types = getattr(config.get_text_config(decoder=True), "layer_types", None) or ["full_attention"]

@@ -150,3 +150,15 @@ def move_rows(st: SlotState, src: list[int], dst: list[int]) -> None:
         buf = getattr(st, name)
         buf[to] = buf[frm]
     st.done[frm] = True
+
+
+def copy_prefix(st: SlotState, src: list[int], dst: list[int], q: int) -> None:
+    """Copy positions 0..q-1 of each layer's K/V from slots ``src`` to slots ``dst`` (same length; a source may
+    repeat): rows of the same prompt then share its prefill. The other per-slot buffers are the caller's."""
+    dev = st.tok.device
+    index = torch.tensor([src, dst])
+    index = (index.pin_memory() if dev.type == "cuda" else index).to(dev, non_blocking=True)
+    frm, to = index[0], index[1]
+    for layer in st.cache.layers:
+        layer.keys[to, :q] = layer.keys[frm, :q]
+        layer.values[to, :q] = layer.values[frm, :q]

@@ -53,7 +53,13 @@ def test_continuous_equals_static_when_rows_end_apart(w):
     assert_same(expected, engine(w["sharp"], batching="static", max_num_seqs=5).generate(PROMPTS, 2, 0.0, NEW))
     for slots in (None, 3):  # every row at once; 3 slots for 12 rows: refilled as rows end
         e = engine(w["sharp"], max_num_seqs=slots)
+        prefilled = []  # rows of each prefill: a group's prompt is prefilled once, its K/V copied to the others
+        e.base.get_decoder().register_forward_pre_hook(
+            lambda mod, args, kw, seen=prefilled: seen.append(len(kw["input_ids"])) if kw["input_ids"].shape[1] > 1
+            else None, with_kwargs=True)
         handed = list(e.generate_groups(PROMPTS, 2, 0.0, NEW))
+        # all at once: one prefill of the 6 prompts; 3 slots: admissions that take both rows of a prompt share it
+        assert prefilled == [len(PROMPTS)] if slots is None else sum(prefilled) < 2 * len(PROMPTS), prefilled
         got = [r for _, r in sorted((i, r) for batch in handed for i, r in batch)]
         worst = assert_same(expected, got)
         print(f"slots {slots}: {len(handed)} hand-backs, lengths {lengths}, largest logprob gap {worst:.2e}")
@@ -240,7 +246,8 @@ def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
     """What ``_capture_buckets`` does at the end of a state's first call on CUDA (a graph per bucket, captured
     while every slot is free), run eagerly here: a step of each bucket over the free slots leaves the next
     call's rows (greedy, refilled slots, a shrinking tail) equal to a fresh sampler's."""
-    from rollout.engines.hf_continuous import ContinuousSampler, _grouped
+    from rollout.engines.hf_continuous import ContinuousSampler
+    from rollout.engines.hf_fast import grouped_attention_mode
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
@@ -254,7 +261,7 @@ def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
     list(stepped.run(ids[:32], budget[:32], 0.0, slots=32))
     st = stepped._states[32]
     before = st.pos.clone()
-    with torch.inference_mode(), _grouped(e.base):
+    with torch.inference_mode(), grouped_attention_mode(e.base):
         for n in (32, 8, 8):
             stepped._step(e.base, st, n)
     assert (st.pos != before).sum() >= 8  # the free slots' steps did write (a position at the end stays)
