@@ -119,9 +119,10 @@ class TaskOptions:
     Each actor imports it and calls it once on its first problem at start: a missing module or function,
     an exception or a wrong return type stops the run there. See docs/users.md."""
     reward_timeout_s: Optional[float] = 10.0
-    """Seconds one call of the --reward function may take: it runs in a child process of each actor
-    (JSON lines, nothing pickled), killed and restarted past the limit, and that completion scores 0 with
-    component `timeout` 1. `None` calls it in the actor's own process, unbounded."""
+    """Seconds one call of the --reward function may take: it runs in child processes of each actor
+    (--reward_workers of them; JSON lines, nothing pickled), one killed and restarted past the limit, and
+    that completion scores 0 with component `timeout` 1. `None` calls it in the actor's own process, one
+    completion at a time, unbounded."""
     reward_workers: Optional[int] = None
     """Child processes of each actor that score a hand-back's completions in parallel: math_verify's checks
     (gsm8k, math500) and the --reward function (with --reward_timeout_s set). Unset: half the host's cores,
