@@ -127,20 +127,26 @@ class WorkerPool:
             self._start_all(min(len(requests), len(self.workers)))
             replies: list = [None] * len(requests)
             todo, busy = list(enumerate(requests))[::-1], {}  # busy: worker -> (request index, deadline)
-            while todo or busy:
-                for w in self.workers:
-                    if w not in busy and todo:
-                        i, request = todo.pop()
-                        w.send(request)
-                        busy[w] = (i, time.monotonic() + timeout_s)
-                wait = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
-                ready, _, _ = select.select(list(busy), [], [], wait)
-                for w in ready:
-                    replies[busy.pop(w)[0]] = w.receive()
-                for w, (_, deadline) in list(busy.items()):
-                    if deadline <= time.monotonic():  # over its limit: killed; the reply stays None
-                        w.close()
+            try:
+                while todo or busy:
+                    for w in self.workers:
+                        if w not in busy and todo:
+                            i, request = todo.pop()
+                            busy[w] = (i, time.monotonic() + timeout_s)
+                            w.send(request)
+                    wait = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
+                    ready, _, _ = select.select(list(busy), [], [], wait)
+                    for w in ready:
+                        replies[busy[w][0]] = w.receive()
                         del busy[w]
+                    for w, (_, deadline) in list(busy.items()):
+                        if deadline <= time.monotonic():  # over its limit: killed; the reply stays None
+                            w.close()
+                            del busy[w]
+            except BaseException:  # a child exited (or we were interrupted): no reply may outlive this call
+                for w in busy:
+                    w.close()
+                raise
             return replies
 
     def _start_all(self, n: int) -> None:

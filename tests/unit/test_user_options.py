@@ -90,6 +90,18 @@ def test_user_reward_workers_score_a_list_in_parallel_in_order():
         reward.close()
 
 
+def test_a_worker_that_exits_raises_and_leaves_no_stale_reply():
+    """One of 3 workers exits mid-list: RuntimeError naming the worker; the other calls of that list are dropped with
+    their workers, so the next list's replies are its own."""
+    reward = UserReward(f"{REWARDS}:dies", timeout_s=5.0, workers=3)
+    try:
+        with pytest.raises(RuntimeError, match="worker exited with code 3"):
+            reward.score_many([("ok", [], PROBLEM), ("die", [], PROBLEM), ("ok", [], PROBLEM)])
+        assert reward.score_many([("okay", [], PROBLEM)] * 4) == [(4.0, {})] * 4  # not the dropped calls' 2.0
+    finally:
+        reward.close()
+
+
 def test_reward_file_path_is_made_absolute_in_the_config():
     cfg = TrainConfig(reward=f"{os.path.relpath(REWARDS)}:digits")
     assert cfg.reward == f"{REWARDS}:digits"

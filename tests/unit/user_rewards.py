@@ -32,3 +32,12 @@ def sleepy(completion_text, problem):
     start = time.time()
     time.sleep(float(completion_text))
     return float(completion_text), {"pid": float(__import__("os").getpid()), "start": start, "end": time.time()}
+
+
+def dies(completion_text, problem):
+    """Ends its process on "die"; otherwise sleeps 0.3 s (other calls still run when one dies) and returns the
+    completion's length."""
+    if completion_text == "die":
+        __import__("os")._exit(3)
+    time.sleep(0.3)
+    return float(len(completion_text))
