@@ -29,7 +29,8 @@ def child_code(module: str, call: str) -> str:
 
 
 class JsonWorker:
-    """A child process that answers JSON lines (nothing pickled), started on first use.
+    """A child process that answers JSON lines (nothing pickled), started on first use; :class:`WorkerPool`
+    sends it requests and reads its replies.
 
     Args:
         code: ``python -c`` text of the child: it prints ``ready``, then one JSON line per line it reads
@@ -43,15 +44,6 @@ class JsonWorker:
     def __init__(self, code: str, what: str, start_hint: str):
         self.code, self.what, self.start_hint = code, what, start_hint
         self._proc: subprocess.Popen | None = None
-
-    def call(self, request, timeout_s: float):
-        """Send ``request``, return the JSON reply; None if none came within ``timeout_s`` (child killed,
-        the next call starts a new one). Raises RuntimeError if the child exits or does not start."""
-        self.send(request)
-        if not self.readable(timeout_s):
-            self.close()
-            return None
-        return self.receive()
 
     def send(self, request) -> None:
         """Write one request (starting the child first if none runs)."""

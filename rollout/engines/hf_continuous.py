@@ -345,8 +345,8 @@ class ContinuousSampler:
         finally:
             st.prefill_slots = None
         if u < k:
-            copies = [(slots[j], slots[i]) for i, j in enumerate(source) if j != i]
-            copy_prefix(st, [c[0] for c in copies], [c[1] for c in copies], q)
+            dups = [i for i, j in enumerate(source) if j != i]
+            copy_prefix(st, [slots[source[i]] for i in dups], [slots[i] for i in dups], q)
         h = out.last_hidden_state[torch.arange(u, device=dev), lens_u - 1]  # (u, hidden): each last prompt token
         tok, lp = pick(head_logits(model, h, self._mm_fp32)[of], st.temperature, self.generator)  # (k,) each
         active = rows_budget > 0

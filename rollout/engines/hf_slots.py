@@ -139,10 +139,7 @@ ROW_BUFFERS = ("valid", "tok", "pos", "tokens", "logps", "lengths", "stopped", "
 def move_rows(st: SlotState, src: list[int], dst: list[int]) -> None:
     """Move the rows in slots ``src`` to the free slots ``dst`` (same length): each layer's K/V and every
     per-slot buffer copied on the device, in one index copy each; the slots left are marked done (free)."""
-    dev = st.tok.device
-    index = torch.tensor([src, dst])
-    index = (index.pin_memory() if dev.type == "cuda" else index).to(dev, non_blocking=True)
-    frm, to = index[0], index[1]
+    frm, to = _on_device(st, src, dst)
     for layer in st.cache.layers:
         layer.keys[to] = layer.keys[frm]
         layer.values[to] = layer.values[frm]
@@ -155,10 +152,15 @@ def move_rows(st: SlotState, src: list[int], dst: list[int]) -> None:
 def copy_prefix(st: SlotState, src: list[int], dst: list[int], q: int) -> None:
     """Copy positions 0..q-1 of each layer's K/V from slots ``src`` to slots ``dst`` (same length; a source may
     repeat): rows of the same prompt then share its prefill. The other per-slot buffers are the caller's."""
-    dev = st.tok.device
-    index = torch.tensor([src, dst])
-    index = (index.pin_memory() if dev.type == "cuda" else index).to(dev, non_blocking=True)
-    frm, to = index[0], index[1]
+    frm, to = _on_device(st, src, dst)
     for layer in st.cache.layers:
         layer.keys[to, :q] = layer.keys[frm, :q]
         layer.values[to, :q] = layer.values[frm, :q]
+
+
+def _on_device(st: SlotState, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``src`` and ``dst`` as index tensors on the slots' device, in one pinned, non-blocking copy."""
+    dev = st.tok.device
+    index = torch.tensor([src, dst])
+    index = (index.pin_memory() if dev.type == "cuda" else index).to(dev, non_blocking=True)
+    return index[0], index[1]
