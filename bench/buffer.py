@@ -49,8 +49,8 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from buffer.client import BufferClient  # noqa: E402
 from distrl.core import wire  # noqa: E402
+from distrl.core.buffer_client import BufferClient  # noqa: E402
 from distrl.core.wire import COMPLETION_SCHEMA  # noqa: E402
 
 

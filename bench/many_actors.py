@@ -16,7 +16,7 @@
   real completion schema (8 completions x 256 completion + 128 prompt tokens, logprobs, rewards, texts,
   weight stamps), built ahead of time per actor; before a send only the fixed-width ids and the policy
   version (the grant's learner version) are written into their bytes.
-- Learner: the real :class:`buffer.client.BufferClient` GETs version v, then v + 1, ..., as
+- Learner: the real :class:`distrl.core.buffer_client.BufferClient` GETs version v, then v + 1, ..., as
   ``learn.learner.Learner.run`` does, so the rule releases the next 64 credits. GET ms: the round trip
   of the request that got the batch (body decoded) less the time the buffer held it waiting for groups.
 - The rule (AReaL's): granted - refunded <= (learner_version + max_staleness + 1) * batch_size. A monitor
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.buffer import free_port, thread_cpu  # noqa: E402
 from bench.sim_actors import Body, actor_host, go, group_template  # noqa: E402
-from buffer.client import BufferClient  # noqa: E402
+from distrl.core.buffer_client import BufferClient  # noqa: E402
 
 
 def learner(address: str, max_staleness: int, poll_s: float) -> dict:

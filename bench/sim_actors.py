@@ -1,7 +1,7 @@
 """Simulated rollout actors for bench/many_actors.py: real ZMQ clients of the buffer, many per process.
 
 Each actor is a DEALER socket speaking the buffer's wire protocol (:mod:`distrl.core.wire`) as
-``buffer.client.BufferClient`` does: CREDIT (with ``wait_s``), then one PUT of the granted groups, then
+``distrl.core.buffer_client.BufferClient`` does: CREDIT (with ``wait_s``), then one PUT of the granted groups, then
 CREDIT again after the ACK. Its PUT bodies are Arrow IPC streams of the completion schema built ahead
 of time (:class:`Body`); a send writes only new fixed-width ids and the policy version into them.
 :func:`actor_host` drives many actors from one thread with a ``zmq.Poller``.

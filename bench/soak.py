@@ -111,7 +111,7 @@ def sample(proc: subprocess.Popen, run_dir: Path, client) -> dict | None:
 def soak(flags: list[str], minutes: float, log_dir: Path, interval_s: float) -> tuple[list[dict], Path]:
     """Run `distrl train FLAGS` for `minutes` (from its start), sampling every `interval_s` s; then SIGINT
     the driver and wait for it. Returns (samples, run_dir). Raises RuntimeError if the run ends by itself."""
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
 
     run_dir = log_dir / "soak"
     out = open(log_dir / "driver.out", "wb")

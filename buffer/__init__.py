@@ -9,20 +9,18 @@
   (:mod:`buffer.handlers`), its ledger of senders' credits and liveness (:mod:`buffer.clients`) and its group
   commit (:mod:`buffer.commit`);
   :mod:`buffer.assemble`: ``build_buffer``, the one builder of a server; :mod:`buffer.launch`: `distrl buffer`.
-- :mod:`buffer.client`: :class:`BufferClient` (DEALER, Lazy-Pirate retries, backpressure).
-- :mod:`buffer.security`: CURVE keys and authentication.
 - :mod:`buffer.config`: the buffer's config section (torch-free, no pyarrow or zmq either).
 
-The protocol is in docs/protocol.md, operations in docs/buffer.md. This package never imports torch,
-``rollout`` or ``learn``.
+The client every role speaks (:class:`distrl.core.buffer_client.BufferClient`) and the CURVE keys
+(:mod:`distrl.core.security`) are in the foundation. The protocol is in docs/protocol.md, operations in
+docs/buffer.md. This package never imports torch, ``rollout`` or ``learn``.
 """
 
 import importlib
 
 # name -> module; imported on first use (PEP 562), so that `buffer.config` (the flags of `distrl buffer`)
 # parses without importing pyarrow or zmq
-_EXPORTS = {"BufferClient": "buffer.client", "BufferFullError": "buffer.client", "BufferRefused": "buffer.client",
-            "ReplayExhausted": "buffer.client", "ConsumptionLog": "buffer.segments", "SegmentLog": "buffer.segments",
+_EXPORTS = {"ConsumptionLog": "buffer.segments", "SegmentLog": "buffer.segments",
             "lineage": "buffer.segments", "read_consumed": "buffer.segments", "read_groups": "buffer.segments",
             "read_segments": "buffer.segments", "topk_rows": "buffer.selection", "BufferServer": "buffer.server",
             "build_buffer": "buffer.assemble",

@@ -12,7 +12,7 @@ import re
 
 import zmq
 
-from buffer.security import CurveServer, serve_run_keys
+from distrl.core.security import CurveServer, serve_run_keys
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ class Endpoint:
     Args:
         address: zmq endpoint, e.g. ``tcp://127.0.0.1:5555``; port 0 or ``*`` picks a free port.
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
-        curve_secret_key, curve_client_keys: CURVE from key files (:mod:`buffer.security`); None: the process's
-            run keys (``buffer.security.use_run_keys``, `distrl train`), or plain TCP without them.
+        curve_secret_key, curve_client_keys: CURVE from key files (:mod:`distrl.core.security`); None: the process's
+            run keys (``distrl.core.security.use_run_keys``, `distrl train`), or plain TCP without them.
     Raises zmq.ZMQError (saying what to change) if the address cannot be bound; nothing stays open then.
     """
 

@@ -1,7 +1,7 @@
 """The buffer process: a ZeroMQ ROUTER that wraps :class:`buffer.store.GroupStore`.
 
 Requests (docs/protocol.md) arrive as ``[identity, header, body?]`` from DEALER clients
-(:class:`buffer.client.BufferClient`); REQ peers, whose messages carry an empty delimiter frame, are
+(:class:`distrl.core.buffer_client.BufferClient`); REQ peers, whose messages carry an empty delimiter frame, are
 answered too. Every request gets exactly one reply, echoing its ``seq``:
 
     PUT {body: one or more whole groups}      -> ACK {seq_no, duplicate[, seq_nos, duplicates]}

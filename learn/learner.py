@@ -106,7 +106,7 @@ class Learner:
 
     def __init__(self, cfg: LearnOptions, rank: int, world_size: int, buffer_address: str, model_dir: str,
                  publisher=None, tb_dir: str | None = None, run_dir: str | Path | None = None):
-        from buffer.client import BufferClient
+        from distrl.core.buffer_client import BufferClient
 
         self.cfg, self.rank, self.world_size, self.model_dir = cfg, rank, world_size, model_dir
         torch.manual_seed(cfg.seed)

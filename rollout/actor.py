@@ -68,7 +68,7 @@ class RolloutActor:
     def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints | Callable[[], ActorEndpoints],
                  model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
                  name: str | None = None):
-        from buffer.client import BufferClient
+        from distrl.core.buffer_client import BufferClient
         from rollout.engines import make_engine
         from rollout.tasks import load_task
 

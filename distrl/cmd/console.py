@@ -149,7 +149,7 @@ class LiveConsole:
         from rich.console import Console
         from rich.live import Live
 
-        from buffer.client import BufferClient
+        from distrl.core.buffer_client import BufferClient
 
         client = BufferClient(self.buffer_address, "console", timeout_s=2.0, retries=0)
         try:

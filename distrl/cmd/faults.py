@@ -115,7 +115,7 @@ class Watchdog:
 
     def __init__(self, buffer_address: str, run_dir: str | os.PathLike, timeout_s: float,
                  curve_server_key: str | None = None, curve_client_key: str | None = None) -> None:
-        from buffer.client import BufferClient
+        from distrl.core.buffer_client import BufferClient
 
         self.run_dir, self.timeout_s = Path(run_dir), timeout_s
         self.client = BufferClient(buffer_address, "watchdog", timeout_s=timeout_s, retries=0,
@@ -213,7 +213,7 @@ def end_early(reason: BaseException, run_dir: Path, start: float, buffer_address
     that continues it when ``can_resume`` (else what to do instead)."""
     import ray
 
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
 
     interrupted = reason.signum if isinstance(reason, Interrupted) else None
     named = str(reason) if isinstance(reason, RoleFailed) else f"{type(reason).__name__}: {reason}"  # names itself

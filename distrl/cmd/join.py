@@ -28,7 +28,7 @@ NOT_JOINED = frozenset({"actor_id", "run_name", "log_dir", "resume", "config", "
 
 def train_join_info(cfg, run_dir: Path, model_dir: str, endpoints, keys, flags: list[str]) -> dict:
     """The join file of a `distrl train` run (``cfg`` a TrainConfig, ``endpoints`` the actors'
-    rollout.actor.ActorEndpoints, ``keys`` its buffer.security.RunKeys or None, ``flags``: the options of
+    rollout.actor.ActorEndpoints, ``keys`` its distrl.core.security.RunKeys or None, ``flags``: the options of
     `distrl rollout`, i.e. RolloutConfig's fields)."""
     config = {name: getattr(cfg, name) for name in flags if hasattr(cfg, name) and name not in NOT_JOINED}
     tiny = cfg.model == "tiny" and not (run_dir / "warm_start" / "config.json").is_file()
@@ -97,9 +97,9 @@ def apply_join(cfg) -> None:
 
 
 def join_keys(join: str):
-    """The run's CURVE keys from the join file (a buffer.security.RunKeys holding only what a client needs),
+    """The run's CURVE keys from the join file (a distrl.core.security.RunKeys holding only what a client needs),
     or None when the run is plain TCP."""
-    from buffer.security import RunKeys
+    from distrl.core.security import RunKeys
 
     keys = read_join_file(join).get("keys")
     if keys is None:
@@ -110,7 +110,7 @@ def join_keys(join: str):
 
 def join_actor_id(cfg) -> int:
     """A fresh actor id from the run's buffer (JOIN); raises TimeoutError if the buffer does not answer."""
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
 
     first_id = int(read_join_file(cfg.join).get("first_id", 0))
     with BufferClient(cfg.buffer_address, "joiner", timeout_s=10.0, retries=2,
@@ -122,7 +122,7 @@ def join_actor_id(cfg) -> int:
 def joined_actors(buffer_address: str) -> list[str]:
     """The actors that joined the run and spoke to the buffer lately (its STATS ``joined_actors``); [] when
     the buffer does not answer within a few seconds."""
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
 
     try:
         with BufferClient(buffer_address, "driver", timeout_s=5.0, retries=0) as client:

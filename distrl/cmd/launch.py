@@ -56,8 +56,8 @@ def run_rollout(cfg: RolloutConfig) -> dict:
     role file is there) it rejoins: fresh sampling seeds, the latest weights (docs/faults.md). With --join
     it uses the run's CURVE keys (if any) and takes the fresh actor id the buffer hands out (distrl.cmd.join)."""
     if cfg.join is not None:
-        from buffer.security import use_run_keys
         from distrl.cmd.join import join_actor_id, join_keys
+        from distrl.core.security import use_run_keys
 
         use_run_keys(join_keys(cfg.join))
         cfg.actor_id = join_actor_id(cfg)

@@ -274,7 +274,7 @@ class NodePlan:
     dist_address: str | None = None
     gatherer: Gatherer | None = None
     apart: dict = None  # role -> node id, for roles on nodes that do not see the driver's run directory
-    keys: object = None  # buffer.security.RunKeys when the endpoints are authenticated (curve_keys), else None
+    keys: object = None  # distrl.core.security.RunKeys when the endpoints are authenticated (curve_keys), else None
 
     def where(self, role: str, fn, *args):
         """``fn(*args)`` run where role ``role``'s files are: here, or in a Ray task pinned to its node when that
@@ -300,9 +300,9 @@ def loopback(host: str) -> bool:
 
 
 def curve_keys(cfg, hosts: dict[str, str]):
-    """Fresh CURVE keys for the run (a buffer.security.RunKeys) when a role binds off loopback (``hosts``: role
+    """Fresh CURVE keys for the run (a distrl.core.security.RunKeys) when a role binds off loopback (``hosts``: role
     -> the address it binds) and --auth is on (the default); None otherwise: plain TCP."""
-    from buffer.security import RunKeys
+    from distrl.core.security import RunKeys
 
     if not getattr(cfg, "auth", True) or all(loopback(host) for host in hosts.values()):
         return None

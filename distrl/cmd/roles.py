@@ -1,7 +1,7 @@
 """The Ray actor classes of `distrl train`'s roles: thin wrappers that build the plain classes in their own
 processes (`buffer.server.BufferServer`, `learn.learner.Learner` with its weight publisher,
 `rollout.actor.RolloutActor`), each logging to `<run_dir>/logs/<role>.log`. Each gets the run's CURVE keys
-(`buffer.security.RunKeys`, or None: plain TCP) as an argument from the driver, never from a file.
+(`distrl.core.security.RunKeys`, or None: plain TCP) as an argument from the driver, never from a file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from distrl.core.logs import role_logging
 
 def begin_role(run_dir: str, name: str, keys=None) -> None:
     """First steps of every role process: its role file, its log file, a steady C heap (distrl.core.heap), the
-    run's CURVE keys for every socket it makes (``keys``: a buffer.security.RunKeys, or None)."""
-    from buffer.security import use_run_keys
+    run's CURVE keys for every socket it makes (``keys``: a distrl.core.security.RunKeys, or None)."""
+    from distrl.core.security import use_run_keys
 
     write_role_file(run_dir, name)
     role_logging(Path(run_dir) / "logs" / f"{name}.log")

@@ -30,7 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-from buffer.security import use_run_keys
 from distrl.cmd.actor_runs import ActorRuns
 from distrl.cmd.assemble import resolve_model
 from distrl.cmd.config import RolloutConfig, TrainConfig
@@ -49,6 +48,7 @@ from distrl.cmd.report import write_report
 from distrl.cmd.roles import learner_endpoints, ray_roles
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
+from distrl.core.security import use_run_keys
 from distrl.weights import transport
 
 log = logging.getLogger("distrl.cmd.trainer")
@@ -309,8 +309,8 @@ def train(cfg: TrainConfig) -> dict:
     quiet_libraries()  # before the imports below load torch (and torchao)
     import ray
 
-    from buffer.client import BufferClient
     from buffer.segments import groups_by_actor
+    from distrl.core.buffer_client import BufferClient
 
     began = time.time()  # the whole command, warm start included (report's wall_s)
     cfg, run_dir, model_dir, owns_ray = _prepare(cfg)

@@ -24,7 +24,7 @@ actors read it from a shared filesystem, ``zmq`` actors download it from the pub
 engine loads anything. ``nccl`` (:mod:`.nccl`) broadcasts full weights from the learner's device and
 checks a checksum of the received tensors.
 
-With the process's run keys set (``buffer.security.use_run_keys``: `distrl train` across nodes), the PUB and
+With the process's run keys set (``distrl.core.security.use_run_keys``: `distrl train` across nodes), the PUB and
 ROUTER sockets are CURVE servers that admit only the run's client key, and every subscriber and fetcher
 socket a CURVE client of them.
 """
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import zmq
 
-from buffer.security import connect_run_keys, run_keys, serve_run_keys
 from distrl.core import wire
+from distrl.core.security import connect_run_keys, run_keys, serve_run_keys
 
 TOPIC = b"weights"
 MAX_REQUEST_BYTES = 64 * 1024  # LATEST and FETCH requests are one small header

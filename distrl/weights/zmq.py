@@ -19,8 +19,8 @@ from pathlib import Path
 
 import zmq
 
-from buffer.security import connect_run_keys
 from distrl.core import wire
+from distrl.core.security import connect_run_keys
 from distrl.weights.base import CHUNK_BYTES, Announcement, DirectoryLoader, WeightError
 from distrl.weights.fs import directory_digest, prune_versions
 

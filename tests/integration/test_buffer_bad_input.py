@@ -19,8 +19,8 @@ from pathlib import Path
 import pyarrow as pa
 import zmq
 
-from buffer.client import BufferClient
 from distrl.core import wire
+from distrl.core.buffer_client import BufferClient
 from distrl.core.wire import Header, MsgType
 from distrl.weights.base import Announcement, WeightPublisher
 from tests.helpers import make_group

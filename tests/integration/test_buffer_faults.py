@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from buffer.client import BufferClient
 from buffer.segments import read_groups, read_segments
+from distrl.core.buffer_client import BufferClient
 from tests.helpers import make_group
 
 ROOT = Path(__file__).resolve().parents[2]

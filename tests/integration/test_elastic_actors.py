@@ -19,8 +19,8 @@ import re
 import signal
 from pathlib import Path
 
-from buffer.client import BufferClient
 from buffer.segments import lineage
+from distrl.core.buffer_client import BufferClient
 from tests.integration.test_faults import TINY, learner_version, start, stop_group, wait_until
 
 K = 1  # B joins once the learners reached this version

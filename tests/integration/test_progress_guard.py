@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer.client import BufferClient
+from distrl.core.buffer_client import BufferClient
 from distrl.core.errors import NoProgress
 from tests.helpers import make_group
 from tests.integration.test_faults import TINY, start, stop_group, wait_until

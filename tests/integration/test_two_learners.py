@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from buffer.client import BufferClient
+from distrl.core.buffer_client import BufferClient
 from tests.helpers import make_group, new_buffer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ import pytest
 import zmq
 import zmq.auth
 
-from buffer.client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted, WireVersionMismatch
 from buffer.segments import read_consumed, read_segments
 from distrl.core import wire
+from distrl.core.buffer_client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted, WireVersionMismatch
 from distrl.core.wire import MsgType
 from tests.helpers import make_group
 from tests.unit.test_buffer_server import client, new_server, raw_request, serving

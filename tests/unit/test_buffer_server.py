@@ -12,9 +12,9 @@ import zmq
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from buffer import segments
-from buffer.client import BufferClient, BufferStalled
 from buffer.segments import read_consumed, read_segments, segment_paths
 from distrl.core import wire
+from distrl.core.buffer_client import BufferClient, BufferStalled
 from distrl.core.errors import NoProgress
 from distrl.core.wire import ErrorCode, Header, MsgType
 from tests.helpers import make_group, new_buffer
@@ -224,7 +224,7 @@ def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, 
     """A buffer restarted on its address lost the GET it had received: the client re-sends it every
     get_resend_s, not after its timeout_s (120 s here, far beyond the join below)."""
     result, clients = {}, []
-    caplog.set_level("INFO", logger="buffer.client")
+    caplog.set_level("INFO", logger="distrl.core.buffer_client")
 
     def get(address):
         clients.append(BufferClient(address, "learner0", timeout_s=120.0, retries=1, get_resend_s=0.2))

@@ -240,7 +240,7 @@ def test_stats_has_every_counter():
 
 
 def test_buffer_imports_neither_torch_nor_other_roles():
-    code = ("import sys, buffer, buffer.server, buffer.client; "
+    code = ("import sys, buffer, buffer.server, distrl.core.buffer_client; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'rollout', 'learn')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))

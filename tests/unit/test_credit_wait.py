@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from buffer.client import BufferClient
+from distrl.core.buffer_client import BufferClient
 from tests.helpers import make_group, new_buffer
 
 # batch_size 2, max_staleness 1: the rule allows (learner_version + 2) * 2 groups

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from buffer.client import BufferClient
 from buffer.store import GroupStore
 from distrl.core import wire
+from distrl.core.buffer_client import BufferClient
 from distrl.core.wire import MsgType
 from tests.helpers import make_group, new_buffer
 

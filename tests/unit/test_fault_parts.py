@@ -63,7 +63,7 @@ def test_roll_back_consumed_keeps_versions_up_to_the_checkpoint(tmp_path):
 
 def test_unused_credits_come_back_when_the_same_sender_asks_again(tmp_path):
     """An actor PUTs its whole grant before asking again; a restarted one asks with its grant unused."""
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
     from tests.helpers import make_group
     from tests.unit.test_buffer_server import serving
 
@@ -84,7 +84,7 @@ def test_unused_credits_come_back_when_the_same_sender_asks_again(tmp_path):
 def test_resume_version_rolls_back_later_selections_and_serves_their_groups_again(tmp_path):
     """A learner killed at version 3 resumes from its checkpoint of version 1: the buffer hands out the
     same batch for version 1 again, and version 2 gets a new selection from the rolled-back groups."""
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
     from tests.helpers import make_group
     from tests.unit.test_buffer_server import serving
 

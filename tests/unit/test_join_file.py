@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 import tyro
 
-from buffer.client import BufferClient
-from buffer.security import RunKeys, use_run_keys
 from distrl.cmd.cli import COMMANDS
 from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.join import expand_join, join_keys, train_join_info
+from distrl.core.buffer_client import BufferClient
 from distrl.core.join import read_join_file, write_join_file
+from distrl.core.security import RunKeys, use_run_keys
 from tests.unit.test_buffer_server import serving
 
 ENDPOINTS = SimpleNamespace(buffer="tcp://127.0.0.1:7001", weights_pub="tcp://127.0.0.1:7002",

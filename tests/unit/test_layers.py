@@ -1,6 +1,6 @@
 """The layers of issue 17, enforced on the import graph (``tests/layers.py`` builds it and checks it).
 
-    foundation  distrl.core.*, distrl.weights.* (and buffer.client, buffer.security: LAYERS below)
+    foundation  distrl.core.* (the buffer's client and CURVE keys included), distrl.weights.*
         ^
     roles       rollout.*, learn.*, buffer.*   (each: the foundation and itself; buffer: no torch)
         ^
@@ -24,10 +24,8 @@ PACKAGES = ["distrl", "rollout", "learn", "buffer"]
 LAYERS = {
     # foundation: what every role shares -- the wire, weights by version, metrics, logging, errors, models
     "distrl": "foundation",  # the package (empty __init__)
-    "distrl.core.*": "foundation",  # wire, errors, logs, metrics, advantages, tiny, dtypes, hub, gguf, run_options
+    "distrl.core.*": "foundation",  # wire, buffer_client, security, errors, logs, metrics, advantages, ...
     "distrl.weights.*": "foundation",  # weights by policy version: announce, publish, fetch (fs, zmq, nccl)
-    "buffer.client": "foundation",  # the buffer protocol's client side, which every role speaks
-    "buffer.security": "foundation",  # CURVE keys, read by the client and the server
     # roles
     "rollout.*": "rollout",
     "learn.*": "learn",

@@ -1,4 +1,4 @@
-"""`distrl train`'s in-memory CURVE keys (buffer.security.RunKeys, issue 20) over real sockets: the buffer and
+"""`distrl train`'s in-memory CURVE keys (distrl.core.security.RunKeys, issue 20) over real sockets: the buffer and
 learner 0's weight endpoints answer a client with the run's keys and give nothing to one without them (plain
 TCP, or CURVE with a key pair of its own); when the driver keys a run; the flags that cannot go with it."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from buffer.client import BufferClient
-from buffer.security import RunKeys, use_run_keys
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.nodes import curve_keys
 from distrl.core import wire
+from distrl.core.buffer_client import BufferClient
+from distrl.core.security import RunKeys, use_run_keys
 from distrl.core.wire import MsgType
 from distrl.weights.base import Announcement, WeightPublisher, WeightSubscriber
 from distrl.weights.fs import directory_digest

@@ -309,7 +309,7 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from transformers import AutoModelForCausalLM
 
-    from buffer.client import BufferClient
+    from distrl.core.buffer_client import BufferClient
     from distrl.weights import DirectoryPublisher
     from learn.learner import Learner
 

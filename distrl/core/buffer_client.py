@@ -30,9 +30,9 @@ from typing import Any
 import pyarrow as pa
 import zmq
 
-from buffer.security import apply_client_keys, connect_run_keys
 from distrl.core import wire
 from distrl.core.errors import NoProgress
+from distrl.core.security import apply_client_keys, connect_run_keys
 from distrl.core.wire import ErrorCode, Header, MsgType
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,8 @@ class BufferClient:
             seconds without a reply).
         get_resend_s: seconds to wait for a GET's reply before re-sending it (at most ``timeout_s``).
         curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
-            client's secret key file (:mod:`buffer.security`); None: the process's run keys
-            (``buffer.security.use_run_keys``, `distrl train`), or plain TCP without them.
+            client's secret key file (:mod:`distrl.core.security`); None: the process's run keys
+            (``distrl.core.security.use_run_keys``, `distrl train`), or plain TCP without them.
     Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
     an ERROR reply. ``resends`` counts requests sent again after a timeout.
     """

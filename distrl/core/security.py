@@ -1,4 +1,5 @@
-"""ZeroMQ CURVE for the buffer: keys from files, a ZAP authenticator thread on the server side.
+"""ZeroMQ CURVE for distrl's sockets (the buffer's and the weight broadcast's): keys from files, the run's in-memory
+keys, a ZAP authenticator thread on the server side.
 
 Make the keys once, with pyzmq itself (see docs/buffer.md)::
 
