@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from distrl.core import wire  # noqa: E402
 from distrl.core.buffer_client import BufferClient  # noqa: E402
-from distrl.core.wire import COMPLETION_SCHEMA  # noqa: E402
+from distrl.core.rows import COMPLETION_SCHEMA  # noqa: E402
 
 
 def stamp_columns(rows: int) -> dict:

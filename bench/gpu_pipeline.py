@@ -96,8 +96,8 @@ def model_flops(cfg, seq_lens: list[int], completion_tokens: int, finetune: str 
 
 
 def synthetic_rows(n: int, group: int, prompt_len: int, completion_lens: list[int], vocab: int, seed: int = 0):
-    """``n`` completion rows (``n / group`` groups) of distrl.core.wire.COMPLETION_SCHEMA with random ids."""
-    from distrl.core.wire import table_from_rows
+    """``n`` completion rows (``n / group`` groups) of distrl.core.rows.COMPLETION_SCHEMA with random ids."""
+    from distrl.core.rows import table_from_rows
 
     rnd = random.Random(seed)
     rows = []

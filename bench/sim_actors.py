@@ -18,7 +18,8 @@ import pyarrow as pa
 import zmq
 
 from distrl.core import wire
-from distrl.core.wire import COMPLETION_SCHEMA, MsgType
+from distrl.core.rows import COMPLETION_SCHEMA, encode_table
+from distrl.core.wire import MsgType
 
 ID_WIDTH = 12  # digits of the per-actor group counter written into the ids
 _SNDMORE = int(zmq.SNDMORE)  # a plain int: pyzmq's flag enums cost microseconds a message
@@ -68,7 +69,7 @@ class Body:
     and policy versions: :meth:`fill` writes a new group counter and version into it."""
 
     def __init__(self, table: pa.Table, count: int, n: int) -> None:
-        self.bytes = bytearray(wire.encode_table(table))
+        self.bytes = bytearray(encode_table(table))
         self.count, self.n = count, n
         find = self._find
         self.ids = [find(_token("G", g, 0).encode(), n) + [find(_token("S", g, i).encode())[0] for i in range(n)]

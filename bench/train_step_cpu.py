@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.torch_threads)
     try:  # this tree's module paths
         from distrl.cmd.config import TrainConfig
-        from distrl.core.wire import table_from_rows
+        from distrl.core.rows import table_from_rows
     except ImportError:  # 944c626
         from distrl.config import TrainConfig
         from distrl.wire import table_from_rows

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from buffer.segments import SegmentLog
 from buffer.store import GroupStore
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.rows import COMPLETION_SCHEMA
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from buffer.clients import Clients
 from buffer.segments import ConsumptionLog, SegmentLog
 from buffer.store import GroupStore
 from distrl.core import wire
-from distrl.core.errors import NoProgress
+from distrl.core.errors import NoProgress, error_code
 from distrl.core.metrics import Metrics
 from distrl.core.wire import ErrorCode, Header, MsgType
 
@@ -177,9 +177,10 @@ class Handlers:
         return wire.encode(MsgType.STATS, SENDER, header.seq, counters=self.stats())
 
     def error(self, exc: Exception, envelope: list[bytes], seq: int) -> list[bytes]:
-        """The ERROR reply to ``exc`` (its :func:`wire.error_code`); a wire version mismatch names both versions."""
+        """The ERROR reply to ``exc`` (its :func:`distrl.core.errors.error_code`); a wire version mismatch names
+        both versions."""
         self.bad_requests += 1
-        code = wire.error_code(exc)
+        code = error_code(exc)
         if code is ErrorCode.INTERNAL:
             log.exception("buffer: internal error on a request from %r", envelope[0])
         elif code is not ErrorCode.FULL:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.rows import COMPLETION_SCHEMA
 
 _COL = {name: i for i, name in enumerate(COMPLETION_SCHEMA.names)}
 
@@ -46,7 +46,7 @@ def parse_groups(batch: pa.RecordBatch | pa.Table, n: int, topk: int, topk_by: s
     Raises ValueError naming what is wrong.
     """
     if not batch.schema.equals(COMPLETION_SCHEMA):
-        raise ValueError("a group must have distrl.core.wire.COMPLETION_SCHEMA")
+        raise ValueError("a group must have distrl.core.rows.COMPLETION_SCHEMA")
     rows, col = batch.num_rows, batch.column  # one column at a time: `batch.columns` costs ~20 us
     if rows == 0 or rows % n:
         raise ValueError(f"a PUT holds whole groups of group_size={n} rows, got {rows} rows")

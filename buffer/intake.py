@@ -1,7 +1,7 @@
 """How groups come into the buffer: the PUT side of :class:`buffer.store.GroupStore`, which extends :class:`Intake`.
 
 A PUT carries one or more whole groups (consecutive runs of ``group_size`` rows of
-:data:`distrl.core.wire.COMPLETION_SCHEMA`), validated and parsed at once
+:data:`distrl.core.rows.COMPLETION_SCHEMA`), validated and parsed at once
 (:func:`buffer.held.parse_groups`: each group's top-k rows and reward variance are computed on arrival). Each
 accepted group gets the next sequence number ``seq``, its position in the segment log; ``persist(batch,
 first_seq)`` (e.g. ``SegmentLog.append``) gets the new groups after every check and before anything is
@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from buffer.held import Parsed, RecentIds, as_batch, parse_groups, rows_of
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.rows import COMPLETION_SCHEMA
 
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
 

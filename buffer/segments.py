@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from buffer.held import as_batch
-from distrl.core.wire import COMPLETION_SCHEMA, LEGACY_SCHEMA, upgrade
+from distrl.core.rows import COMPLETION_SCHEMA, LEGACY_SCHEMA, upgrade
 
 SEGMENT_DIR = "segments"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, length 0
@@ -143,7 +143,7 @@ class SegmentLog:
         record batch (flushed; fsynced per policy); rotate if the file is full.
 
         ``message``: their IPC record batch message as received and validated
-        (:func:`distrl.core.wire.decode_group`), written as it is; None serializes ``group``. Raises
+        (:func:`distrl.core.rows.decode_group`), written as it is; None serializes ``group``. Raises
         ValueError on another schema or an out-of-order seq, OSError on disk errors.
         """
         self.append_many([(group, seq, message)])
@@ -182,7 +182,7 @@ class SegmentLog:
         if message is None:
             batch = as_batch(group)
             if not batch.schema.equals(COMPLETION_SCHEMA):
-                raise ValueError("segment log takes only groups of distrl.core.wire.COMPLETION_SCHEMA")
+                raise ValueError("segment log takes only groups of distrl.core.rows.COMPLETION_SCHEMA")
             message = batch.serialize()
         return memoryview(message).cast("B")
 
@@ -260,7 +260,7 @@ def _read_source(f, path: Path, header_only: bool = False) -> tuple[dict, list[p
         return {}, batches  # crashed before the schema was complete
     legacy = reader.schema.equals(LEGACY_SCHEMA)  # written before the weight stamps: read with null stamps
     if not (legacy or reader.schema.equals(COMPLETION_SCHEMA)):
-        raise ValueError(f"{path} does not hold distrl.core.wire.COMPLETION_SCHEMA rows")
+        raise ValueError(f"{path} does not hold distrl.core.rows.COMPLETION_SCHEMA rows")
     metadata = dict(reader.schema.metadata or {})
     while not header_only:
         try:

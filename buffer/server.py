@@ -50,6 +50,7 @@ from buffer.store import GroupStore
 from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.metrics import Metrics
+from distrl.core.rows import decode_group
 from distrl.core.wire import ErrorCode, Header, MsgType
 
 log = logging.getLogger(__name__)
@@ -295,7 +296,7 @@ class BufferServer:
             raise Unsupported("this is an offline replay buffer: it takes no PUTs")
         if body is None:
             raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
-        batch, message = wire.decode_group(body)  # the received bytes go to the segment log as they are
+        batch, message = decode_group(body)  # the received bytes go to the segment log as they are
         return _Put(envelope, header, batch, self._commit.persist(batch, message), len(body))
 
     def _answer(self, request: _Request, hold_until: float = 0.0, held_since: float = 0.0) -> list | None:

@@ -1,7 +1,7 @@
 """The buffer's pure core: held groups, staleness eviction, selection, credits and bounds. No sockets.
 
 A *group* is the ``group_size`` completions of one prompt instance (rows of
-:data:`distrl.core.wire.COMPLETION_SCHEMA`). Groups come in through the PUT side,
+:data:`distrl.core.rows.COMPLETION_SCHEMA`). Groups come in through the PUT side,
 :class:`buffer.intake.Intake` (validation, de-duplication, persist before commit), which :class:`GroupStore`
 extends; each accepted group gets a sequence number ``seq`` in PUT order (its position in the segment log).
 It is held as the record batch it arrived in (zero-copy over the received message); its top-k rows

@@ -1,6 +1,6 @@
 """The learner's micro-batches, built from the Arrow columns of a completion table (no Python rows).
 
-A shard arrives as a ``pa.Table`` of ``distrl.core.wire.COMPLETION_SCHEMA``. Its token lists are read as
+A shard arrives as a ``pa.Table`` of ``distrl.core.rows.COMPLETION_SCHEMA``. Its token lists are read as
 Arrow list columns: per-row lengths (``list_value_length``) and the flattened values (``list_flatten``)
 become numpy arrays, and one scatter per column lays every row's tokens into the padded (b, L-1) layout
 the loss reads; ``torch.from_numpy`` then wraps the arrays without a copy. No per-row Python object or
@@ -118,7 +118,7 @@ def widest_first(table: pa.Table) -> np.ndarray:
 
 def collate(table: pa.Table, pad_id: int, advantages: Optional[np.ndarray] = None) -> MicroBatch:
     """A MicroBatch of the b completions of ``table`` (at least the columns ``prompt_ids``,
-    ``completion_ids``, ``behavior_logprobs`` and ``advantage`` of distrl.core.wire.COMPLETION_SCHEMA).
+    ``completion_ids``, ``behavior_logprobs`` and ``advantage`` of distrl.core.rows.COMPLETION_SCHEMA).
 
     ``advantages`` (b,), one per row, replaces the rows' own ``advantage`` (a learner-state baseline);
     rounded to float32. Raises ValueError on an empty table, a row without prompt tokens, or a row whose

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from distrl.core.advantages import group_advantages
 from distrl.core.metrics import Metrics
-from distrl.core.wire import table_from_rows
+from distrl.core.rows import table_from_rows
 from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
 from distrl.weights.attest import Stamper
 from rollout.config import TaskOptions

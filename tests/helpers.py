@@ -8,14 +8,14 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from distrl.core.wire import table_from_rows
+from distrl.core.rows import table_from_rows
 
 
 def make_group(group_id: str = "g0", policy_version: int = 0, group_size: int = 4,
                rewards: Sequence[float] | None = None, advantages: Sequence[float] | None = None,
                actor_id: int = 0, completion_len: int = 3, prompt_len: int = 2,
                sample_ids: Sequence[str] | None = None) -> pa.Table:
-    """A valid group: ``group_size`` rows of distrl.core.wire.COMPLETION_SCHEMA sharing group_id and version.
+    """A valid group: ``group_size`` rows of distrl.core.rows.COMPLETION_SCHEMA sharing group_id and version.
 
     Sample ids default to ``f"{group_id}/{i}"``; rewards to ``0, 1, ..., n-1``; advantages to reward
     minus the group mean. Completion i has ``completion_len + i`` tokens (ids, logprobs aligned).

@@ -32,6 +32,7 @@ import zmq
 
 from distrl.core import wire
 from distrl.core.errors import NoProgress
+from distrl.core.rows import COMPLETION_SCHEMA
 from distrl.core.security import apply_client_keys, connect_run_keys
 from distrl.core.wire import ErrorCode, Header, MsgType
 
@@ -241,7 +242,7 @@ class BufferClient:
             self._expect(header, MsgType.BATCH, MsgType.WAIT)
             if header.type is MsgType.BATCH:
                 self.last_get_held_s = header.held_ms / 1e3
-                return body if body is not None else wire.COMPLETION_SCHEMA.empty_table()
+                return body if body is not None else COMPLETION_SCHEMA.empty_table()
             now = time.monotonic()
             have = header.reason or f"{header.fresh_groups} of {header.batch_size} fresh groups"
             if timeout_s is not None and now - start >= timeout_s:

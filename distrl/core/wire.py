@@ -1,9 +1,10 @@
-"""The wire: typed messages, one error-code enum, one decoder, and the Arrow schema of a completion.
+"""The wire: typed messages and one decoder (the error codes are in :mod:`distrl.core.errors`, the rows of a
+body in :mod:`distrl.core.rows`).
 
 Every socket in distrl carries ZeroMQ multipart messages of one shape:
 
     frame 0: header, a UTF-8 JSON object: one :class:`Message` struct, tagged by its ``type``
-    frame 1: optional body, an Arrow IPC *stream* holding rows of :data:`COMPLETION_SCHEMA`
+    frame 1: optional body, an Arrow IPC *stream* holding rows of :data:`distrl.core.rows.COMPLETION_SCHEMA`
              (raw payload bytes for a weight CHUNK)
 
 Each message type has one frozen msgspec struct (:data:`MESSAGES`) holding the envelope (``schema``,
@@ -12,10 +13,8 @@ Each message type has one frozen msgspec struct (:data:`MESSAGES`) holding the e
 ``type`` or a bad envelope raises :class:`WireError` (code ``malformed``); a field of the wrong type or
 out of range raises :class:`FieldError` (``invalid``); another ``schema`` raises :class:`VersionError`
 (``version``) naming both versions. Servers answer each with an ``ERROR`` reply whose ``code`` is an
-:class:`ErrorCode` (:func:`error_code` maps an exception to it) and keep serving. Nothing is unpickled.
-
-A *group* is the ``group_size`` completions sampled for one prompt instance; it is the unit of PUT.
-This module defines a row's shape once; every role reads and writes rows through it.
+:class:`ErrorCode` (:func:`distrl.core.errors.error_code` maps an exception to it) and keep serving. Nothing
+is unpickled.
 """
 
 from __future__ import annotations
@@ -27,60 +26,11 @@ import msgspec
 import pyarrow as pa
 from msgspec import UNSET, Meta, UnsetType
 
-from distrl.core.errors import NoProgress
+from distrl.core.errors import ErrorCode, FieldError, VersionError, WireError
+from distrl.core.rows import decode_table, encode_table
 
 SCHEMA_VERSION = 2  # 2: typed structs, GRANT replies CREDIT, STATS counters nested, CREDIT asks acked_groups
 MAX_HEADER_BYTES = 1024 * 1024  # a full-weight broadcast manifest lists every tensor
-
-
-class ErrorCode(str, enum.Enum):
-    """The ``code`` of an ERROR reply (docs/protocol.md): what went wrong, so a client can react."""
-
-    MALFORMED = "malformed"  # not a message of this wire: bad JSON, unknown type, bad envelope or body
-    VERSION = "version"  # the peer speaks another SCHEMA_VERSION
-    UNSUPPORTED = "unsupported"  # a well-formed message this server does not answer
-    INVALID = "invalid"  # a field of the wrong type or out of range, or a request the state refuses
-    FULL = "full"  # the buffer holds its memory bound: retry later
-    EXHAUSTED = "exhausted"  # offline replay: no batch can be made, and none ever will
-    NO_PROGRESS = "no_progress"  # the run cannot advance (distrl.core.errors.NoProgress)
-    INTERNAL = "internal"  # a bug on the server's side (logged there)
-
-
-class WireError(ValueError):
-    """A message that does not follow this module's format (the text says what is wrong)."""
-
-    code: ClassVar[ErrorCode] = ErrorCode.MALFORMED
-
-
-class FieldError(WireError):
-    """A header whose fields have the wrong type or are out of range (msgspec's text names the field)."""
-
-    code: ClassVar[ErrorCode] = ErrorCode.INVALID
-
-
-class VersionError(WireError):
-    """A header whose ``schema`` (wire version) is not :data:`SCHEMA_VERSION`; ``theirs``/``ours``."""
-
-    code: ClassVar[ErrorCode] = ErrorCode.VERSION
-
-    def __init__(self, theirs: Any, ours: int = SCHEMA_VERSION, text: str | None = None) -> None:
-        super().__init__(text or f"peer speaks wire version {theirs!r}, this side speaks {ours}")
-        self.theirs, self.ours = theirs, ours
-
-    def __reduce__(self):
-        return type(self), (self.theirs, self.ours, str(self))
-
-
-def error_code(exc: BaseException) -> ErrorCode:
-    """The ERROR code an exception stands for: its class's ``code`` attribute (WireError and the
-    servers' own errors set one), ``no_progress`` for NoProgress, ``invalid`` for other ValueError,
-    KeyError and TypeError, else ``internal``."""
-    code = getattr(type(exc), "code", None)
-    if isinstance(code, ErrorCode):
-        return code
-    if isinstance(exc, NoProgress):
-        return ErrorCode.NO_PROGRESS
-    return ErrorCode.INVALID if isinstance(exc, (ValueError, KeyError, TypeError)) else ErrorCode.INTERNAL
 
 
 class MsgType(str, enum.Enum):
@@ -317,7 +267,7 @@ def decode_header(frame: bytes) -> Message:
     except (msgspec.DecodeError, RecursionError) as exc:
         raise _refusal(frame, exc) from None
     if msg.schema != SCHEMA_VERSION:
-        raise VersionError(msg.schema)
+        raise VersionError(msg.schema, SCHEMA_VERSION)
     return msg
 
 
@@ -328,84 +278,12 @@ def _refusal(frame: bytes, exc: Exception) -> WireError:
     except (msgspec.DecodeError, RecursionError):
         return WireError(f"header is not a JSON object: {exc}")
     if envelope.schema != SCHEMA_VERSION:
-        return VersionError(envelope.schema)
+        return VersionError(envelope.schema, SCHEMA_VERSION)
     where = str(exc).rpartition("at `$.")[2].rstrip("`")  # the field msgspec names, if any
     known = isinstance(envelope.type, str) and envelope.type in MsgType.__members__
     if not known or not isinstance(exc, msgspec.ValidationError) or where in ENVELOPE | {"type"}:
         return WireError(f"bad header {bytes(frame[:80])!r}: {exc}")
     return FieldError(f"{envelope.type} header: {exc}")
-
-
-# One row per completion. Lists are per token of the completion unless named prompt_*.
-COMPLETION_SCHEMA = pa.schema(
-    [
-        pa.field("sample_id", pa.string(), nullable=False),  # unique per completion; duplicates dropped
-        pa.field("group_id", pa.string(), nullable=False),  # shared by the n completions of one prompt
-        pa.field("prompt_id", pa.string(), nullable=False),  # the task's id of the problem
-        pa.field("actor_id", pa.int32(), nullable=False),
-        pa.field("policy_version", pa.int64(), nullable=False),  # version at generate start
-        pa.field("last_policy_version", pa.int64(), nullable=False),  # newest version seen in flight
-        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("completion_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("behavior_logprobs", pa.list_(pa.float32()), nullable=False),  # after temperature
-        pa.field("temperature", pa.float32(), nullable=False),
-        pa.field("reward", pa.float32(), nullable=False),
-        pa.field("reward_components", pa.map_(pa.string(), pa.float32()), nullable=False),
-        pa.field("advantage", pa.float32(), nullable=False),  # computed over the full group
-        pa.field("finish_reason", pa.string(), nullable=False),  # "stop" | "length"
-        pa.field("prompt_text", pa.string(), nullable=False),
-        pa.field("completion_text", pa.string(), nullable=False),
-        pa.field("gen_start_time", pa.float64(), nullable=False),  # unix seconds
-        pa.field("gen_seconds", pa.float64(), nullable=False),  # from the generate call's start to the group's end
-        # The weights that generated it (distrl.weights.attest), one entry per version served during the
-        # generate call (the first is policy_version); null: not stamped (--no_attest_weights, older runs).
-        pa.field("served_versions", pa.list_(pa.int64())),
-        pa.field("weights_digests", pa.list_(pa.string())),  # the verified digest of each loaded payload
-        pa.field("canary_logprobs", pa.list_(pa.float64())),  # the engine's canary logprob, nats/token
-    ]
-)
-STAMP_COLUMNS = ("served_versions", "weights_digests", "canary_logprobs")  # optional in table_from_rows
-LEGACY_SCHEMA = pa.schema([f for f in COMPLETION_SCHEMA if f.name not in STAMP_COLUMNS])  # before stamps
-
-
-def upgrade(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A record batch of :data:`LEGACY_SCHEMA` (segment logs written before stamps) as COMPLETION_SCHEMA,
-    its stamp columns null; a batch of COMPLETION_SCHEMA is returned as it is."""
-    if batch.schema.equals(COMPLETION_SCHEMA):
-        return batch
-    nulls = [pa.nulls(batch.num_rows, COMPLETION_SCHEMA.field(name).type) for name in STAMP_COLUMNS]
-    return pa.RecordBatch.from_arrays(list(batch.columns) + nulls, schema=COMPLETION_SCHEMA)
-
-
-def table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
-    """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing;
-    the stamp columns may be left out: null)."""
-    columns = {f.name: [row[f.name] if f.name not in STAMP_COLUMNS else row.get(f.name) for row in rows]
-               for f in COMPLETION_SCHEMA}
-    return pa.Table.from_pydict(columns, schema=COMPLETION_SCHEMA)
-
-
-def encode_table(table: pa.Table) -> bytes:
-    """Serialize a completion table as an Arrow IPC stream (one frame)."""
-    if not table.schema.equals(COMPLETION_SCHEMA):
-        raise WireError("table does not have the completion schema")
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, COMPLETION_SCHEMA) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def decode_table(frame: bytes) -> pa.Table:
-    """Parse an Arrow IPC stream frame. Raises WireError if truncated, corrupt or of another schema."""
-    try:
-        with pa.ipc.open_stream(pa.py_buffer(frame)) as reader:
-            if not reader.schema.equals(COMPLETION_SCHEMA):
-                raise WireError(f"body schema differs from the completion schema: {reader.schema}")
-            table = reader.read_all()
-        table.validate(full=True)
-    except (pa.ArrowException, OSError, EOFError) as exc:  # ArrowException: e.g. NotImplemented on garbage
-        raise WireError(f"body is not a valid Arrow IPC stream: {exc}") from None
-    return table
 
 
 def message(msg_type: MsgType, sender: str = "", seq: int = 0, **fields: Any) -> Message:
@@ -445,41 +323,6 @@ def decode_raw(frames: list) -> tuple[Message, Any]:
     if not frames or len(frames) > 2:
         raise WireError(f"expected 1 or 2 frames, got {len(frames)}")
     return decode_header(frames[0]), (frames[1] if len(frames) == 2 else None)
-
-
-_SCHEMA_MESSAGE = COMPLETION_SCHEMA.serialize().to_pybytes()  # how this pyarrow writes the schema message
-_END_OF_STREAM = (b"", b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
-
-
-def decode_group(frame: bytes) -> tuple[pa.RecordBatch, memoryview]:
-    """Parse a PUT body: an Arrow IPC stream of COMPLETION_SCHEMA holding exactly one record batch.
-
-    Returns the batch (zero-copy over ``frame``, fully validated) and the raw bytes of its IPC
-    message, which a stream of the same schema (a segment file) can append as they are. A stream
-    whose schema message is byte-identical to this side's skips schema parsing (the common case,
-    several times faster). Raises WireError if the stream is truncated, corrupt, of another schema,
-    or holds no or several record batches.
-    """
-    try:
-        source = pa.BufferReader(pa.py_buffer(frame))
-        if bytes(frame[:len(_SCHEMA_MESSAGE)]) == _SCHEMA_MESSAGE:  # bytes: faster than comparing memoryviews
-            source.seek(len(_SCHEMA_MESSAGE))
-        else:
-            schema = pa.ipc.read_schema(pa.ipc.read_message(source))
-            if not schema.equals(COMPLETION_SCHEMA):
-                raise WireError(f"body schema differs from the completion schema: {schema}")
-        start = source.tell()
-        message = pa.ipc.read_message(source)
-        end = source.tell()
-        if message.type != "record batch":
-            raise WireError(f"body holds a {message.type} message where one record batch belongs")
-        if bytes(frame[end:end + 9]) not in _END_OF_STREAM:
-            raise WireError("a group must be one record batch; the body holds several messages")
-        batch = pa.ipc.read_record_batch(message, COMPLETION_SCHEMA)
-        batch.validate(full=True)
-    except (pa.ArrowException, OSError, EOFError, TypeError) as exc:
-        raise WireError(f"body is not a valid Arrow IPC stream of one record batch: {exc}") from None
-    return batch, memoryview(frame)[start:end]
 
 
 def error(text: str, sender: str = "", seq: int = 0, code: ErrorCode | str = ErrorCode.INVALID) -> list[bytes]:

@@ -1,7 +1,7 @@
 """Weights that prove themselves: each completion's stamp, and the learner's check of it.
 
 **Stamp.** Every completion records which weights generated it, in three list columns of
-:data:`distrl.core.wire.COMPLETION_SCHEMA` (one entry per version the engine served during the generate
+:data:`distrl.core.rows.COMPLETION_SCHEMA` (one entry per version the engine served during the generate
 call: one, or more with ``--inflight_update finish``; the first is ``policy_version``):
 
 - ``served_versions``: the policy versions;

@@ -21,6 +21,7 @@ import zmq
 
 from distrl.core import wire
 from distrl.core.buffer_client import BufferClient
+from distrl.core.rows import encode_table
 from distrl.core.wire import Header, MsgType
 from distrl.weights.base import Announcement, WeightPublisher
 from tests.helpers import make_group
@@ -49,7 +50,7 @@ def arrow_variants(rng: random.Random, body: bytes) -> bytes:
         with pa.ipc.new_stream(sink, other.schema) as w:
             w.write_table(other)
         return sink.getvalue().to_pybytes()
-    return wire.encode_table(make_group(f"short{rng.random()}", group_size=rng.choice([1, 2, 3, 5])))
+    return encode_table(make_group(f"short{rng.random()}", group_size=rng.choice([1, 2, 3, 5])))
 
 
 def common_garbage(rng: random.Random, big_header: bool = True) -> list[bytes]:
@@ -150,7 +151,7 @@ def good_client(address: str, stop: threading.Event, done: dict) -> None:
 
 def test_ten_thousand_bad_messages_are_answered_and_a_good_client_is_served(tmp_path):
     rng = random.Random(0)
-    body = wire.encode_table(make_group("valid-body"))
+    body = encode_table(make_group("valid-body"))
     address = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen([sys.executable, "-m", "distrl", "buffer", "--address", address, "--run_dir",
                              str(tmp_path / "run"), "--batch_size", "2", "--topk", "4",

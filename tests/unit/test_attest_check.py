@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from distrl.core import wire
+from distrl.core.rows import COMPLETION_SCHEMA, LEGACY_SCHEMA, STAMP_COLUMNS, upgrade
 from distrl.weights.attest import (
     CANARY_LENGTH,
     TOLERANCE_BF16,
@@ -54,7 +54,7 @@ def test_stamper_computes_one_canary_per_version_and_lists_the_versions_of_a_cal
                                 "canary_logprobs": [-5.0, -6.0]}
     stamper.start(1, "d1")
     assert stamper.fields()["served_versions"] == [1] and len(calls) == 2
-    assert Stamper(lambda: 1 / 0, enabled=False).fields() == dict.fromkeys(wire.STAMP_COLUMNS)
+    assert Stamper(lambda: 1 / 0, enabled=False).fields() == dict.fromkeys(STAMP_COLUMNS)
 
 
 def test_a_group_whose_canary_differs_is_quarantined_the_others_kept():
@@ -95,9 +95,9 @@ def test_consecutive_versions_with_quarantined_groups_stop_the_run():
 
 def test_legacy_segment_batches_read_with_null_stamps():
     table = make_group("g")
-    legacy = pa.RecordBatch.from_arrays([table.column(n).combine_chunks() for n in wire.LEGACY_SCHEMA.names],
-                                        schema=wire.LEGACY_SCHEMA)
-    upgraded = wire.upgrade(legacy)
-    assert upgraded.schema.equals(wire.COMPLETION_SCHEMA)
+    legacy = pa.RecordBatch.from_arrays([table.column(n).combine_chunks() for n in LEGACY_SCHEMA.names],
+                                        schema=LEGACY_SCHEMA)
+    upgraded = upgrade(legacy)
+    assert upgraded.schema.equals(COMPLETION_SCHEMA)
     assert upgraded.column("served_versions").null_count == upgraded.num_rows
     assert Attestor(1e-4).check(pa.Table.from_batches([upgraded])).unattested == 1

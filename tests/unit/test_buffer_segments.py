@@ -18,7 +18,7 @@ from buffer.segments import (
     read_segments,
     segment_paths,
 )
-from distrl.core.wire import COMPLETION_SCHEMA
+from distrl.core.rows import COMPLETION_SCHEMA
 from tests.helpers import make_group
 
 

@@ -16,6 +16,7 @@ from buffer.segments import read_consumed, read_segments, segment_paths
 from distrl.core import wire
 from distrl.core.buffer_client import BufferClient, BufferStalled
 from distrl.core.errors import NoProgress
+from distrl.core.rows import encode_table
 from distrl.core.wire import ErrorCode, Header, MsgType
 from tests.helpers import make_group, new_buffer
 
@@ -105,7 +106,7 @@ def raw_request(sock: zmq.Socket, frames: list[bytes]) -> Header:
 
 def malformed_messages() -> dict[str, list[bytes]]:
     put = wire.encode(MsgType.PUT, "raw", 1)[0]
-    body = wire.encode_table(make_group("m"))
+    body = encode_table(make_group("m"))
     other = pa.table({"sample_id": ["a"]})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, other.schema) as writer:

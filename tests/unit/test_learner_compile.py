@@ -14,7 +14,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 
 from distrl.cmd.config import TrainConfig
-from distrl.core.wire import table_from_rows
+from distrl.core.rows import table_from_rows
 from distrl.weights.attest import canary_logprob
 from learn.learner import Learner
 from learn.model import compile_layers

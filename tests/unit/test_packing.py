@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from distrl.cmd.config import TrainConfig
-from distrl.core.wire import table_from_rows
+from distrl.core.rows import table_from_rows
 from learn.batch import collate, pack
 from learn.learner import Learner
 from tests.helpers import make_group

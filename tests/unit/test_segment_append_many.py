@@ -3,7 +3,7 @@
 import pytest
 
 from buffer.segments import SegmentLog, read_groups, segment_paths
-from distrl.core import wire
+from distrl.core.rows import decode_group, encode_table
 from tests.helpers import make_group
 
 
@@ -11,7 +11,7 @@ def test_append_many_rotates_and_keeps_every_seq(tmp_path):
     groups = [make_group(f"g{i}", completion_len=50) for i in range(12)]
     size = len(groups[0].to_batches()[0].serialize())
     log = SegmentLog(tmp_path, fsync="batch", max_bytes=4 * size, group_size=4)
-    received = [wire.decode_group(wire.encode_table(g))[1] for g in groups[:6]]  # bytes as a PUT brings them
+    received = [decode_group(encode_table(g))[1] for g in groups[:6]]  # bytes as a PUT brings them
     log.append_many([(g, i, m) for i, (g, m) in enumerate(zip(groups[:6], received))])
     log.append_many([(g, 6 + i, None) for i, g in enumerate(groups[6:])])  # serialized by the log
     log.commit()

@@ -173,7 +173,7 @@ def _with_truncated(table: pa.Table, truncated: set[int]) -> pa.Table:
     rows = table.to_pylist()
     for i in truncated:
         rows[i]["finish_reason"] = "length"
-    from distrl.core.wire import table_from_rows
+    from distrl.core.rows import table_from_rows
 
     return table_from_rows(rows)
 

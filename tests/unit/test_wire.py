@@ -7,7 +7,9 @@ import pyarrow as pa
 import pytest
 
 from distrl.core import wire
-from distrl.core.wire import COMPLETION_SCHEMA, ErrorCode, FieldError, Header, MsgType, WireError
+from distrl.core.errors import NoProgress, error_code
+from distrl.core.rows import COMPLETION_SCHEMA, decode_group, decode_table, encode_table
+from distrl.core.wire import ErrorCode, FieldError, Header, MsgType, WireError
 from tests.helpers import make_group
 
 
@@ -43,7 +45,7 @@ def test_header_only_message():
 def test_wrong_schema_refused():
     other = pa.table({"sample_id": ["a"], "reward": [1.0]})
     with pytest.raises(WireError):
-        wire.encode_table(other)
+        encode_table(other)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, other.schema) as writer:
         writer.write_table(other)
@@ -53,27 +55,27 @@ def test_wrong_schema_refused():
 
 @pytest.mark.parametrize("cut", [1, 10, 100, -200, -1])
 def test_truncated_body_refused(cut):
-    body = wire.encode_table(make_group())
+    body = encode_table(make_group())
     with pytest.raises(WireError):
-        wire.decode_table(body[:cut])
+        decode_table(body[:cut])
 
 
 def test_mutated_bodies_raise_only_wire_errors():
-    body = wire.encode_table(make_group())
+    body = encode_table(make_group())
     rng = random.Random(0)
     for _ in range(3000):
         mutated = bytearray(body)
         for _ in range(rng.randint(1, 8)):
             mutated[rng.randrange(len(mutated))] = rng.randrange(256)
         try:
-            wire.decode_table(bytes(mutated))
+            decode_table(bytes(mutated))
         except WireError:
             pass
 
 
 def test_garbage_body_refused():
     with pytest.raises(WireError):
-        wire.decode_table(b"\x80\x04\x95pickle-ish bytes")
+        decode_table(b"\x80\x04\x95pickle-ish bytes")
 
 
 @pytest.mark.parametrize("frame", [
@@ -149,7 +151,7 @@ def test_fields_are_checked_by_the_struct(fields, where):
     frame = json.dumps({"type": "GET", "schema": wire.SCHEMA_VERSION, **fields}).encode()
     with pytest.raises(FieldError, match=where) as info:
         Header.decode(frame)
-    assert wire.error_code(info.value) is ErrorCode.INVALID
+    assert error_code(info.value) is ErrorCode.INVALID
 
 
 def test_optional_fields_refuse_null():
@@ -161,24 +163,22 @@ def test_optional_fields_refuse_null():
 
 
 def test_error_codes_of_exceptions():
-    from distrl.core.errors import NoProgress
-
-    cases = [(WireError("x"), "malformed"), (wire.VersionError(3), "version"), (FieldError("x"), "invalid"),
+    cases = [(WireError("x"), "malformed"), (wire.VersionError(3, 2), "version"), (FieldError("x"), "invalid"),
              (NoProgress("x"), "no_progress"), (ValueError("x"), "invalid"), (KeyError("x"), "invalid"),
              (RuntimeError("x"), "internal")]
-    assert [wire.error_code(exc).value for exc, _ in cases] == [code for _, code in cases]
+    assert [error_code(exc).value for exc, _ in cases] == [code for _, code in cases]
 
 
 def test_decode_group_returns_the_batch_and_its_raw_message():
     group = make_group("g", group_size=3)
-    frame = wire.encode_table(group)
-    batch, message = wire.decode_group(frame)
+    frame = encode_table(group)
+    batch, message = decode_group(frame)
     assert pa.Table.from_batches([batch]).equals(group)
     stream = COMPLETION_SCHEMA.serialize().to_pybytes() + bytes(message) + b"\xff\xff\xff\xff\x00\x00\x00\x00"
     assert pa.ipc.open_stream(stream).read_all().equals(group)  # the message appends to any stream as is
-    two = wire.encode_table(pa.concat_tables([make_group("a"), make_group("b")]))
+    two = encode_table(pa.concat_tables([make_group("a"), make_group("b")]))
     for bad, match in [(two, "one record batch"), (frame[:-20], "record batch|not a valid Arrow"),
                        (b"", "record batch|not a valid Arrow"), (frame[:200], "not a valid Arrow"),
-                       (wire.encode_table(COMPLETION_SCHEMA.empty_table()), "not a valid Arrow")]:
+                       (encode_table(COMPLETION_SCHEMA.empty_table()), "not a valid Arrow")]:
         with pytest.raises(WireError, match=match):
-            wire.decode_group(bad)
+            decode_group(bad)
