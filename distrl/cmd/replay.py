@@ -64,10 +64,10 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
 
 def model_dir(cfg: ReplayConfig, train: TrainConfig, out_dir: Path) -> str:
     """The model to train from, logged: --model if given, else the weights the source run started from
-    (:func:`distrl.cmd.trainer.base_model_dir`: its warm start, its built tiny model, or its --model). A
+    (:func:`distrl.cmd.run_dir.base_model_dir`: its warm start, its built tiny model, or its --model). A
     `tiny` whose built `model/` is not there (or ``--model tiny``) is built anew from the seed."""
     from distrl.cmd.assemble import resolve_model
-    from distrl.cmd.trainer import base_model_dir
+    from distrl.cmd.run_dir import base_model_dir
 
     if cfg.model is None:
         base = base_model_dir(cfg.source, train.model)
@@ -115,7 +115,7 @@ def replay(cfg: ReplayConfig) -> dict:
     one version under the given rules, FileNotFoundError if it holds no log.
     """
     from buffer.segments import read_groups
-    from distrl.cmd.trainer import setup_logging
+    from distrl.core.logs import setup_logging
 
     out_dir = cfg.out_dir
     if out_dir.exists():

@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 from distrl.cmd.actor_runs import ActorRuns
-from distrl.cmd.assemble import resolve_model
 from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.console import start_console
 from distrl.cmd.faults import (
@@ -46,50 +45,13 @@ from distrl.cmd.join import joined_actors, write_train_join_file
 from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
 from distrl.cmd.roles import learner_endpoints, ray_roles
+from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_dir
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.core.security import use_run_keys
 from distrl.weights import transport
 
 log = logging.getLogger("distrl.cmd.trainer")
-
-
-def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
-    """Create the run directory, write the resolved config, build the tiny model if asked.
-
-    Returns (run_dir, model_dir). Raises FileExistsError if the run directory exists.
-    """
-    run_dir = cfg.run_dir
-    if run_dir.exists():
-        raise FileExistsError(f"run directory {run_dir} exists: pick another --run_name or remove it")
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(cfg.to_json())
-    return run_dir, resolve_model(cfg.model, run_dir, cfg.seed)
-
-
-def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
-    """`--resume <run_dir>`: the run's saved config with this command's --max_steps (and resume set).
-
-    Returns (config, run_dir, model_dir). Raises FileNotFoundError if the directory holds no config.json.
-    """
-    run_dir = Path(cfg.resume).resolve()
-    if not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a distrl run directory)")
-    saved = json.loads((run_dir / "config.json").read_text())
-    saved.update(max_steps=cfg.max_steps, resume=str(run_dir), log_dir=str(run_dir.parent), run_name=run_dir.name)
-    resumed = TrainConfig(**saved)
-    (run_dir / "config.json").write_text(resumed.to_json())
-    return resumed, run_dir, base_model_dir(run_dir, resumed.model)
-
-
-def base_model_dir(run_dir: str | Path, model: str) -> str:
-    """The weights run ``run_dir`` started from (its policy version 0), given its ``--model``: its
-    ``warm_start/`` after ``--warm_start_steps``, else its built ``model/`` for ``tiny``, else ``model`` (a
-    hub id or directory). `distrl train --resume` and `distrl replay` both start from it."""
-    run_dir = Path(run_dir)
-    if (run_dir / "warm_start" / "config.json").is_file():  # --warm_start_steps: the run's base model
-        return str(run_dir / "warm_start")
-    return resolve_model(model, run_dir)
 
 
 def _free_port(host: str) -> int:
@@ -205,7 +167,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
         plan.role_cfg["buffer0"], str(run_dir),
-        plan.where("learner0", _checkpoint_version, run_dir) if cfg.resume else None, plan.keys)  # learner 0's node
+        plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys)  # learner 0's node
     run.buffer_address = ray.get(run.buffer.address.remote())
     run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
     run.buffer_ref = run.buffer.serve.remote()
@@ -375,13 +337,6 @@ def _logged_groups(result: dict | None, logged: dict[int, int]) -> dict | None:
     """A role's result (an actor's, a learner's --learner_generates) with ``groups`` taken from the segment
     log's count for its ``actor_id`` (``logged``): the whole run's, across restarts and --resume."""
     return None if result is None else {**result, "groups": logged.get(result["actor_id"], 0)}
-
-
-def _checkpoint_version(run_dir: Path) -> int:
-    """Version of the newest complete learner checkpoint under `<run_dir>/ckpt/` (0: none); the buffer
-    rolls back selections made after it (learn.checkpoint writes `state.json` last, then renames)."""
-    states = sorted((run_dir / "ckpt").glob("v[0-9]*/state.json"))
-    return json.loads(states[-1].read_text())["version"] if states else 0
 
 
 def _print_start(run_dir: Path, warm_start_steps: int) -> None:
