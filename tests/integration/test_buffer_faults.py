@@ -162,8 +162,8 @@ def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finish
         for p in procs.values():
             stop_group(p)
     learner_log = (learner_dir / "logs" / "learner0.log").read_text()
-    (answered,) = re.findall(rf"^(\S+ \S+) buffer\.client INFO buffer at {re.escape(buf)} answered again after "
-                             rf"([\d.]+) s \(GET sent (\d+) times\)$", learner_log, re.M)
+    (answered,) = re.findall(rf"^(\S+ \S+) distrl\.core\.buffer_client INFO buffer at {re.escape(buf)} answered "
+                             rf"again after ([\d.]+) s \(GET sent (\d+) times\)$", learner_log, re.M)
     buffer_log = (run_dir / "logs" / "buffer.log").read_text()
     served = re.findall(r"^(\S+ \S+) buffer\.server INFO buffer serving at", buffer_log, re.M)
     assert len(served) == 2  # the first buffer and the restarted one
