@@ -6,7 +6,7 @@ the decode kernels), the prompts templated as the actor's. After a warm-up call,
 
 - ``bare``: ``generate_groups`` with each group only collected;
 - ``scored``: each hand-back's completions scored by the task's reward as the actor does before its PUT
-  (``Task.rewards``: math_verify in :data:`rollout.reward_workers.DEFAULT_WORKERS` child processes, in
+  (``Task.rewards``: math_verify in :data:`distrl.rollout.reward_workers.DEFAULT_WORKERS` child processes, in
   parallel): scoring time that no queued decode step hides shows up as the difference;
 - ``scored_one_worker``: the same with one math_verify process (every check one after another, as before
   ``--reward_workers``);
@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from rollout.reward_workers import DEFAULT_WORKERS  # noqa: E402
+from distrl.rollout.reward_workers import DEFAULT_WORKERS  # noqa: E402
 
 # kind -> (reward workers scoring each hand-back, 0: none; the sampler's look-ahead)
 KINDS = {"bare": (0, True), "scored": (DEFAULT_WORKERS, True), "scored_one_worker": (1, True),
@@ -47,9 +47,9 @@ KINDS = {"bare": (0, True), "scored": (DEFAULT_WORKERS, True), "scored_one_worke
 def setup(args):
     """(engine, {workers: task}, problems, prompt id lists) as the actor has them."""
     from distrl.core.gguf import resolve_model
-    from rollout.engines.hf import HFEngine
-    from rollout.prompt_fit import prompt_ids
-    from rollout.tasks import load_task
+    from distrl.rollout.engines.hf import HFEngine
+    from distrl.rollout.prompt_fit import prompt_ids
+    from distrl.rollout.tasks import load_task
 
     if args.smoke:
         from distrl.core.tiny import build_tiny_model

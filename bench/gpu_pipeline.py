@@ -154,10 +154,10 @@ def variant_settings(name: str, pack_tokens: int) -> tuple[int, bool, bool, str]
     """(pack tokens, checkpointing, compiled, head) of a variant name: ``padded`` or ``packed`` or
     ``pack<N>`` (rows of N tokens) or ``defaults`` (the learner as `distrl train` runs it: micro-batches by
     --learner_chunk_tokens, not --chunk, and the ``auto`` head), then any of ``+ckpt``, ``+compile``, ``+pack``
-    (packed rows of --pack_tokens), ``+unsorted`` (micro-batches by token budget in table order, as before
-    `learn.batch.widest_first`; see :func:`learner_variant`) and one of ``+cce``, ``+halfmm`` (``--learner_head``;
-    else the chunked head, ``auto`` for ``defaults``). Raises ValueError on an unknown name or option, or both
-    heads."""
+    (packed rows of --pack_tokens), ``+unsorted`` (micro-batches by token budget in table order, as
+    before `distrl.learn.batch.widest_first`; see :func:`learner_variant`) and one of ``+cce``, ``+halfmm``
+    (``--learner_head``; else the chunked head, ``auto`` for ``defaults``). Raises ValueError on an unknown name
+    or option, or both heads."""
     base, *opts = name.split("+")
     if base in ("padded", "defaults"):
         pack = pack_tokens if "pack" in opts else 0
@@ -185,7 +185,7 @@ def head_check(model_dir: Path, n: int = 8192) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from learn.logprobs import token_logprobs
+    from distrl.learn.logprobs import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16).cuda()
     weight = model.get_output_embeddings().weight.detach()
@@ -232,7 +232,7 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     import torch
 
     from distrl.cmd.config import TrainConfig
-    from learn.learner import Learner
+    from distrl.learn.learner import Learner
 
     cuda = torch.cuda.is_available()
     # defaults: micro-batches by --learner_chunk_tokens and the head's chunk as distrl train's; else the bench's
@@ -247,16 +247,16 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     if "+unsorted" in name:  # the learner before widest-first micro-batches: rows in table order
         import numpy as np
 
-        import learn.learner
+        import distrl.learn.learner
 
-        learn.learner.widest_first = lambda t: np.arange(t.num_rows)
+        distrl.learn.learner.widest_first = lambda t: np.arange(t.num_rows)
     try:
         return timed_variant(args, lrn, table, name, flops, seq_lens, out)
     finally:
-        import learn.batch
-        import learn.learner
+        import distrl.learn.batch
+        import distrl.learn.learner
 
-        learn.learner.widest_first = learn.batch.widest_first
+        distrl.learn.learner.widest_first = distrl.learn.batch.widest_first
 
 
 def timed_variant(args, lrn, table, name, flops, seq_lens, out) -> dict:
@@ -482,7 +482,7 @@ def case_trl(args, model_dir: Path, out: Path) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rollout.tasks import load_task
+    from distrl.rollout.tasks import load_task
 
     task = load_task("half_vocab", None, seed=0)
     problems = task.problems(0)

@@ -76,7 +76,7 @@ def _vllm_decode(model_dir: Path, batches: list[int], repeats: int, vocab: int, 
 
     import torch
 
-    from rollout.engines.vllm import VLLMEngine
+    from distrl.rollout.engines.vllm import VLLMEngine
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
     # 0.3 of the GPU (42 GB: the KV cache of 1024 rows x 1024 tokens is 12.6 GB): an in-process engine's memory

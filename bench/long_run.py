@@ -19,7 +19,7 @@ projections while the final RMSNorm and the (tied) output embedding, initialized
 frozen, so the hidden state reaching the head has a fixed norm and no hidden state puts more than 0.673
 of the probability on even tokens (measured by gradient ascent over the hidden state): the reward
 saturates near 0.65 and the entropy stays near ln(50) = 3.91. Full fine-tuning has no such ceiling; its
-actors reload full weights in place (rollout/engines, format `full`).
+actors reload full weights in place (distrl/rollout/engines, format `full`).
 
     .venv/bin/python -m bench.long_run [--finetune lora full] [--max_steps 200] [--out docs]
 """

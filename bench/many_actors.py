@@ -8,7 +8,7 @@
   64 --group_size 8 --max_staleness 2``; it writes real segments to a temporary run directory (deleted).
 - Actors: ``--actors`` (64) DEALER sockets, one client each (sender ``actorNN``), hosted by
   ``--actor_procs`` (2) processes, each driving its share from one thread with a ``zmq.Poller``. An actor
-  asks CREDIT for twice its credits (``2 * batch_size // actors`` = 2, as ``rollout.actor`` asks
+  asks CREDIT for twice its credits (``2 * batch_size // actors`` = 2, as ``distrl.rollout.actor`` asks
   ``batch_size // actors``), PUTs what it was granted in one message (as ``BufferClient.put_many``), waits
   for the ACK and asks again. Its CREDIT carries ``wait_s`` (``--credit_wait_s``, 0.05 s: the real
   actor's pause): the buffer holds it while nothing can be granted. ``--credit_wait_s 0 --idle_s 0.05``
@@ -17,7 +17,7 @@
   weight stamps), built ahead of time per actor; before a send only the fixed-width ids and the policy
   version (the grant's learner version) are written into their bytes.
 - Learner: the real :class:`distrl.core.buffer_client.BufferClient` GETs version v, then v + 1, ..., as
-  ``learn.learner.Learner.run`` does, so the rule releases the next 64 credits. GET ms: the round trip
+  ``distrl.learn.learner.Learner.run`` does, so the rule releases the next 64 credits. GET ms: the round trip
   of the request that got the batch (body decoded) less the time the buffer held it waiting for groups.
 - The rule (AReaL's): granted - refunded <= (learner_version + max_staleness + 1) * batch_size. A monitor
   asks STATS every 0.1 s and counts the groups accepted beyond it (groups_put - refunded - bound > 0);
@@ -54,7 +54,7 @@ from distrl.core.buffer_client import BufferClient  # noqa: E402
 
 def learner(address: str, max_staleness: int, poll_s: float) -> dict:
     """GET version v, then v + 1, ... from the go line until its deadline (:func:`go`), with the real client
-    as ``learn.learner.Learner.run`` does (``get(version)``, no ``on_wait``: the buffer holds the GET until
+    as ``distrl.learn.learner.Learner.run`` does (``get(version)``, no ``on_wait``: the buffer holds the GET until
     the batch can be made); returns ``(monotonic end, GET ms, ms the buffer held it)`` per GET, versions,
     rows and rows too stale. GET ms is the round trip less the time held: what the buffer and the
     sockets took under the load."""
@@ -142,7 +142,7 @@ def run(a: argparse.Namespace) -> dict:
     try:
         buffer = start_buffer(a, run_dir)
         procs.append(buffer)
-        want = 2 * max(1, a.batch_size // a.actors)  # twice an actor's credits (rollout.actor: batch_size // actors)
+        want = 2 * max(1, a.batch_size // a.actors)  # twice an actor's credits (batch_size // actors)
         hosts = [child("actors", a, "--_ids", ",".join(map(str, ids)), "--_want", str(want))
                  for ids in np.array_split(np.arange(a.actors), a.actor_procs)]
         learn = child("learner", a, "--max_staleness", str(a.max_staleness), "--poll_s", str(a.poll_s))

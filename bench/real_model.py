@@ -2,7 +2,7 @@
 
 The task: ``a + b`` and ``a - b`` with integers in [0, 99], the plain prompt ``What is {question}? Answer
 with just the number.`` through SmolLM2's chat template, reward 1 when the completion's final answer
-(``rollout.answers``) equals the result. Held-out greedy accuracy on 256 fixed problems
+(``distrl.rollout.answers``) equals the result. Held-out greedy accuracy on 256 fixed problems
 (``ArithTask.heldout(256, seed 0)``, never trained on), 24 new tokens.
 
 Cases (``--cases``, run at the same time as subprocesses on the one GPU, each with its own log):
@@ -133,7 +133,7 @@ def run_distrl(args, case: str, out: Path) -> dict:
 
 def arith_task(seed: int, eval_size: int):
     """The cases' task and held-out problems: the ones `distrl train --seed seed --eval_size n` uses."""
-    from rollout.tasks import load_task
+    from distrl.rollout.tasks import load_task
 
     task = load_task("arith", None, seed=seed, arith_ops=("+", "-"), arith_max_operand=99)
     task.set_prompt(TEMPLATE)
@@ -149,8 +149,8 @@ def run_trl(args, out: Path) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from distrl.core.gguf import resolve_model
-    from rollout.engines.hf import HFEngine
-    from rollout.evaluation import evaluate_engine
+    from distrl.rollout.engines.hf import HFEngine
+    from distrl.rollout.evaluation import evaluate_engine
 
     model_dir = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(model_dir)

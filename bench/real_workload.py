@@ -150,8 +150,8 @@ def recompiles(paths: list[Path], since: float) -> tuple[int, int]:
 def score_cost(work: Path, n: int = 256) -> dict:
     """Seconds to score `n` completions (one version's) with the task's reward and with :data:`REWARD_PY`
     through ``--reward`` (its child process, the default ``--reward_timeout_s``), in this process."""
-    from rollout.rewards import UserReward
-    from rollout.tasks import load_task
+    from distrl.rollout.rewards import UserReward
+    from distrl.rollout.tasks import load_task
 
     task = load_task("arith", None, seed=1, arith_ops=("+", "-"), arith_max_operand=99)
     stream = task.problems(1)

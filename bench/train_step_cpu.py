@@ -71,7 +71,7 @@ def worker(args: argparse.Namespace) -> None:
     import importlib.util
 
     # only PYTHONPATH's tree: not the editable install's finder (it imports /work/main's packages whatever
-    # PYTHONPATH says), not bench/ (its buffer.py would shadow the buffer package)
+    # PYTHONPATH says), not bench/ (its buffer.py shadows the top-level buffer package of 944c626)
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     import torch
@@ -80,27 +80,28 @@ def worker(args: argparse.Namespace) -> None:
     try:  # this tree's module paths
         from distrl.cmd.config import TrainConfig
         from distrl.core.rows import table_from_rows
-    except ImportError:  # 944c626
+        from distrl.learn import learner as learner_module
+    except ImportError:  # 944c626: other module paths, the roles at the top level
         from distrl.config import TrainConfig
         from distrl.wire import table_from_rows
-    import learn.learner
-    from learn.learner import Learner
+        from learn import learner as learner_module
 
     cfg = TrainConfig(model=args.model, task="arith", backend="hf", dtype="float32", finetune="full",
                       learning_rate=4e-4, batch_size=GROUPS, group_size=GROUP_SIZE, learner_chunk_size=256,
                       max_new_tokens=MAX_NEW_TOKENS, max_steps=10_000, torch_threads=args.torch_threads)
-    learner = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", args.model)  # the buffer is never contacted
+    learner = learner_module.Learner(cfg, 0, 1, "tcp://127.0.0.1:9", args.model)  # the buffer is never contacted
     table = table_from_rows(demo_rows())
-    if importlib.util.find_spec("learn.batch") is None:  # 944c626: Python rows, then one tensor per row
+    batch_module = learner_module.__name__.rsplit(".", 1)[0] + ".batch"
+    if importlib.util.find_spec(batch_module) is None:  # 944c626: Python rows, then one tensor per row
         def build():
             rows = table.to_pylist()
-            learn.learner.collate(rows, learner.pad_id, learner.prepare(rows)[1])
+            learner_module.collate(rows, learner.pad_id, learner.prepare(rows)[1])
     else:
-        from learn.batch import collate
+        collate = importlib.import_module(batch_module).collate
 
         def build():
             collate(table, learner.pad_id, learner.prepare(table)[1])
-    print(TAG, json.dumps({"ready": learn.learner.__file__}), flush=True)
+    print(TAG, json.dumps({"ready": learner_module.__file__}), flush=True)
     losses = []
     for line in sys.stdin:
         if line.strip() not in ("step", "build"):

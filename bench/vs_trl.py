@@ -72,7 +72,7 @@ def task_flags(args) -> list[str]:
 
 
 def make_task(args):
-    from rollout.tasks import load_task
+    from distrl.rollout.tasks import load_task
 
     if args.workload == "variable":
         return load_task("gsm8k", str(Path(args.dataset).resolve()), seed=1)

@@ -67,8 +67,8 @@ def actor_main(args) -> None:
     """One actor process: serve each announced version, report when it serves it."""
     import zmq
 
+    from distrl.rollout.engines import cpu_engine_env, make_engine
     from distrl.weights import LoadOptions, WeightSubscriber, transport
-    from rollout.engines import cpu_engine_env, make_engine
 
     if args.device == "cpu":
         os.environ.update(cpu_engine_env(args.idx))

@@ -67,9 +67,9 @@ BUFFER_TEST_OPTIONS = dict(batch_size=2, max_staleness=1, topk=2, group_size=4, 
 
 def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = False,
                resume_version: int | None = None, replay_from=None, restamp: bool = False, **options):
-    """A BufferServer from ``buffer.assemble.build_buffer`` (not serving yet), with `distrl buffer`'s
+    """A BufferServer from ``distrl.buffer.assemble.build_buffer`` (not serving yet), with `distrl buffer`'s
     config of ``options`` over BUFFER_TEST_OPTIONS (no heap prefault)."""
-    from buffer.assemble import build_buffer
+    from distrl.buffer.assemble import build_buffer
     from distrl.cmd.config import BufferConfig
 
     cfg = BufferConfig(run_dir=str(run_dir), address=address, **(BUFFER_TEST_OPTIONS | options))

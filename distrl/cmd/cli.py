@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "train": (TrainConfig, "distrl.cmd.trainer:train"),
     "learn": (LearnConfig, "distrl.cmd.launch:run_learn"),
     "rollout": (RolloutConfig, "distrl.cmd.launch:run_rollout"),
-    "buffer": (BufferConfig, "buffer.launch:run"),
+    "buffer": (BufferConfig, "distrl.buffer.launch:run"),
     "replay": (ReplayConfig, "distrl.cmd.replay:replay"),
     "eval": (EvalConfig, "distrl.cmd.evaluate:run"),
 }
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     module, func = COMMANDS[name][1].split(":")
     quiet_libraries()  # known harmless library warnings, before any command imports torch (distrl.core.logs)
     raise_on_signals()  # SIGINT/SIGTERM: each command cleans up, then we exit with 128 + the signal number
-    if name == "buffer" and cfg.prefault_bytes:  # before pyarrow starts a thread (buffer.memory)
-        from buffer.memory import single_arena
+    if name == "buffer" and cfg.prefault_bytes:  # before pyarrow starts a thread (distrl.buffer.memory)
+        from distrl.buffer.memory import single_arena
 
         single_arena()
     try:

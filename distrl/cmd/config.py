@@ -5,9 +5,9 @@ Sections (every option declared once, with its unit and default, in the package 
 | section | module | read by |
 |---|---|---|
 | SharedOptions, BatchOptions, StalenessOptions | distrl/core/run_options.py | actors and learners (and the buffer) |
-| PromptOptions, TaskOptions, RolloutOptions | rollout/config.py | generators (and eval: prompts); actors |
-| LearnOptions, WarmStartOptions | learn/config.py | learners; `distrl train`'s warm start |
-| SelectionOptions, StorageOptions, TopkOptions, BufferEndpoint | buffer/config.py | the buffer |
+| PromptOptions, TaskOptions, RolloutOptions | distrl/rollout/config.py | generators (and eval: prompts); actors |
+| LearnOptions, WarmStartOptions | distrl/learn/config.py | learners; `distrl train`'s warm start |
+| SelectionOptions, StorageOptions, TopkOptions, BufferEndpoint | distrl/buffer/config.py | the buffer |
 | _ConfigFile, _RunDir, _TrainOptions, the addresses | here | the commands |
 | ReplayConfig, EvalConfig | distrl/cmd/config_offline.py | `distrl replay`, `distrl eval` |
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
-from buffer.config import (
+from distrl.buffer.config import (
     DEFAULT_BUFFER_ADDRESS,
     BufferEndpoint,
     SelectionOptions,
@@ -38,9 +38,9 @@ from buffer.config import (
 )
 from distrl.cmd.config_offline import EvalConfig, ReplayConfig
 from distrl.core.run_options import BatchOptions, SharedOptions, StalenessOptions
+from distrl.learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
+from distrl.rollout.config import PromptOptions, RolloutOptions, TaskOptions
 from distrl.weights import transport
-from learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
-from rollout.config import PromptOptions, RolloutOptions, TaskOptions
 
 __all__ = ["BufferConfig", "EvalConfig", "LearnConfig", "ReplayConfig", "RolloutConfig", "TrainConfig",
            "SelectionOptions", "StorageOptions", "buffer_options"]

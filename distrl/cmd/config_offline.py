@@ -14,8 +14,8 @@ from typing import Literal, Optional
 
 from tyro.conf import Positional
 
-from buffer.config import SelectionOptions
-from rollout.config import PromptOptions
+from distrl.buffer.config import SelectionOptions
+from distrl.rollout.config import PromptOptions
 
 
 @dataclass

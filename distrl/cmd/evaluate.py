@@ -1,7 +1,7 @@
 """`distrl eval`: evaluate a model, or a version a run published, on a dataset; print a table, write JSON.
 
-The metrics (pass@k, maj@k, by group) and :func:`rollout.evaluation.evaluate_engine`, which samples with any
-rollout engine and scores with the task's reward, live with the rollout role (``rollout/evaluation.py``);
+The metrics (pass@k, maj@k, by group) and :func:`distrl.rollout.evaluation.evaluate_engine`, which samples with any
+rollout engine and scores with the task's reward, live with the rollout role (``distrl/rollout/evaluation.py``);
 training actor 0 runs the same code every ``--eval_every`` versions.
 """
 
@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from rollout.evaluation import EvalReport, evaluate_engine
+from distrl.rollout.evaluation import EvalReport, evaluate_engine
 
 
 def adapter_format(path: str | Path) -> tuple[int, str]:
@@ -43,8 +43,8 @@ def run(cfg) -> EvalReport:
     import tempfile
 
     from distrl.cmd.assemble import resolve_model, use_cpu_engine_env
-    from rollout.engines import make_engine
-    from rollout.tasks import load_task
+    from distrl.rollout.engines import make_engine
+    from distrl.rollout.tasks import load_task
 
     task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, split=cfg.split, arith_ops=tuple(cfg.arith_ops),
                      arith_max_operand=cfg.arith_max_operand)
@@ -82,11 +82,11 @@ def check_fits(model_dir: str, tokenizer: str | None, task, problems: list, max_
                max_model_len: int | None) -> None:
     """Before any engine starts: exit with a message naming the flag when the tokenizer does not match
     the model (more token ids than embeddings); raise PreflightError (``--max_model_len``, how many) when
-    a prompt of `problems`, as templated (:func:`rollout.prompt_fit.prompt_ids`, chat template included),
+    a prompt of `problems`, as templated (:func:`distrl.rollout.prompt_fit.prompt_ids`, chat template included),
     plus `max_new_tokens` exceeds the context (`--max_model_len`, else the model's ``max_position_embeddings``)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from rollout.prompt_fit import measure, prompt_limit, refuse
+    from distrl.rollout.prompt_fit import measure, prompt_limit, refuse
 
     config = AutoConfig.from_pretrained(model_dir)
     tok = AutoTokenizer.from_pretrained(tokenizer or model_dir)

@@ -297,7 +297,7 @@ STALE_WEIGHTS_ENV = "DISTRL_FAULT_STALE_WEIGHTS"  # test-only: actor ids (comma-
 
 
 def inject_faults(actor) -> None:
-    """Test-only fault injection into a rollout actor (``rollout.actor.RolloutActor``), from the environment
+    """Test-only fault injection into a rollout actor (``distrl.rollout.actor.RolloutActor``), from the environment
     (which `distrl train`'s Ray roles inherit from the driver): with ``DISTRL_FAULT_STALE_WEIGHTS`` naming its
     actor id, the actor never loads weights but claims every announced version (:class:`StaleWeights`): the
     silent failure weight attestation exists to catch (distrl/weights/attest.py). Unset: nothing changes."""

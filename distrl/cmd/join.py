@@ -28,7 +28,7 @@ NOT_JOINED = frozenset({"actor_id", "run_name", "log_dir", "resume", "config", "
 
 def train_join_info(cfg, run_dir: Path, model_dir: str, endpoints, keys, flags: list[str]) -> dict:
     """The join file of a `distrl train` run (``cfg`` a TrainConfig, ``endpoints`` the actors'
-    rollout.actor.ActorEndpoints, ``keys`` its distrl.core.security.RunKeys or None, ``flags``: the options of
+    distrl.rollout.actor.ActorEndpoints, ``keys`` its distrl.core.security.RunKeys or None, ``flags``: the options of
     `distrl rollout`, i.e. RolloutConfig's fields)."""
     config = {name: getattr(cfg, name) for name in flags if hasattr(cfg, name) and name not in NOT_JOINED}
     tiny = cfg.model == "tiny" and not (run_dir / "warm_start" / "config.json").is_file()

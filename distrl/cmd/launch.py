@@ -33,7 +33,7 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
 def run_learn(cfg: LearnConfig) -> dict:
     """Run one learner rank to `max_steps` versions (rank/world from torchrun's env when present); rank 0
     then serves the final version until every actor asked for it (distrl.cmd.assemble.AssembledLearner.close)."""
-    from learn.learner import init_distributed_from_env
+    from distrl.learn.learner import init_distributed_from_env
 
     rank, world, _ = init_distributed_from_env()
     if world != cfg.number_of_learners:
@@ -66,7 +66,7 @@ def run_rollout(cfg: RolloutConfig) -> dict:
     run_dir, model_dir = role_dir(cfg, f"actor{cfg.actor_id}")
     rejoin = read_role_file(run_dir, f"actor{cfg.actor_id}") is not None  # this actor ran here before
     write_role_file(run_dir, f"actor{cfg.actor_id}")
-    from rollout.actor import ActorEndpoints
+    from distrl.rollout.actor import ActorEndpoints
 
     endpoints = ActorEndpoints(cfg.buffer_address, cfg.weights_pub, cfg.weights_endpoint)
     parts = build_actor(cfg, cfg.actor_id, endpoints, model_dir, run_dir, rejoin=rejoin and not cfg.resume)

@@ -1,8 +1,8 @@
 """Preflight: every launcher checks what it cheaply can after its flags parse and before Ray, the buffer,
 any engine or a run directory starts (`distrl.cmd.cli.main` calls :func:`preflight`).
 
-The checks live with the roles that need them (`rollout/preflight.py`, `learn/preflight.py`,
-`buffer/preflight.py`); this module says which run for each command and adds the commands' own
+The checks live with the roles that need them (`distrl/rollout/preflight.py`, `distrl/learn/preflight.py`,
+`distrl/buffer/preflight.py`); this module says which run for each command and adds the commands' own
 (`--resume` of `distrl train`, the run directory, a replay's segment log). A failure is a
 :class:`distrl.core.errors.PreflightError`: the cli prints its two lines and exits 2, nothing started,
 nothing written. Imports stay light: no torch model, no vLLM, no Ray (transformers' AutoConfig and
@@ -61,8 +61,8 @@ def check_new_run(cfg) -> None:
 def check_train(cfg) -> None:
     """`distrl train`: a resumed run is checked as resumed (its own config ran before); a new one as the
     learners and actors it starts would check it."""
-    from learn import preflight as learn
-    from rollout import preflight as rollout
+    from distrl.learn import preflight as learn
+    from distrl.rollout import preflight as rollout
 
     if cfg.resume:
         check_resume(cfg)
@@ -74,7 +74,7 @@ def check_train(cfg) -> None:
 
 def check_eval(cfg) -> None:
     """`distrl eval`: model, tokenizer, dataset and task, temperature, prompts' length."""
-    from rollout import preflight as rollout
+    from distrl.rollout import preflight as rollout
 
     rollout.check_sources(cfg.model, cfg.tokenizer)
     rollout.check_dataset(cfg.task, cfg.dataset)
@@ -84,7 +84,7 @@ def check_eval(cfg) -> None:
 
 def check_replay(cfg) -> None:
     """`distrl replay SOURCE`: SOURCE holds a segment log; --model, when given, resolves."""
-    from buffer.segments import segment_paths
+    from distrl.buffer.segments import segment_paths
     from distrl.core.hub import check_model
 
     if not segment_paths(cfg.source):
@@ -95,19 +95,19 @@ def check_replay(cfg) -> None:
 
 
 def _learn(cfg) -> None:
-    from learn import preflight
+    from distrl.learn import preflight
 
     preflight.check(cfg)
 
 
 def _rollout(cfg) -> None:
-    from rollout import preflight
+    from distrl.rollout import preflight
 
     preflight.check(cfg)
 
 
 def _buffer(cfg) -> None:
-    from buffer import preflight
+    from distrl.buffer import preflight
 
     preflight.check(cfg)
 

@@ -2,9 +2,9 @@
 
     source log -> BufferServer(replay_from=log, replay_ratio R, staleness model) -> Learner (this process)
 
-The log's groups are loaded into a buffer in replay mode (:mod:`buffer.server`): every group starts
+The log's groups are loaded into a buffer in replay mode (:mod:`distrl.buffer.server`): every group starts
 unused and may be handed out up to ``--replay_ratio`` times; selection (top-k, order, staleness
-bound) is the live buffer's. The ordinary :class:`learn.learner.Learner` then trains against it over
+bound) is the live buffer's. The ordinary :class:`distrl.learn.learner.Learner` then trains against it over
 loopback ZMQ, exactly as in a live run, and publishes each version into ``<out>/weights``.
 
 Staleness model (``--staleness_model``):
@@ -96,8 +96,8 @@ def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
 
 def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tuple[int, int]:
     """(versions the log can feed under these rules, groups in the log), by running the selection alone."""
-    from buffer.recovery import restore_store
-    from buffer.store import GroupStore
+    from distrl.buffer.recovery import restore_store
+    from distrl.buffer.store import GroupStore
 
     store = GroupStore(train.batch_size, train.max_staleness, train.k, train.group_size, train.topk_by, train.order,
                        train.filter_zero_variance, train.replay_ratio, restamp=restamp)
@@ -114,7 +114,7 @@ def replay(cfg: ReplayConfig) -> dict:
     Raises FileExistsError if the output directory exists, ValueError if the log is empty or cannot feed
     one version under the given rules, FileNotFoundError if it holds no log.
     """
-    from buffer.segments import read_groups
+    from distrl.buffer.segments import read_groups
     from distrl.core.logs import setup_logging
 
     out_dir = cfg.out_dir
@@ -161,7 +161,7 @@ def replay(cfg: ReplayConfig) -> dict:
 
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
     """Serve the log from a replay BufferServer thread and run one Learner against it to train.max_steps."""
-    from buffer.assemble import build_buffer
+    from distrl.buffer.assemble import build_buffer
     from distrl.cmd.assemble import build_learner
 
     server = build_buffer(train, out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source, restamp=restamp)

@@ -1,6 +1,6 @@
 """The Ray actor classes of `distrl train`'s roles: thin wrappers that build the plain classes in their own
-processes (`buffer.server.BufferServer`, `learn.learner.Learner` with its weight publisher,
-`rollout.actor.RolloutActor`), each logging to `<run_dir>/logs/<role>.log`. Each gets the run's CURVE keys
+processes (`distrl.buffer.server.BufferServer`, `distrl.learn.learner.Learner` with its weight publisher,
+`distrl.rollout.actor.RolloutActor`), each logging to `<run_dir>/logs/<role>.log`. Each gets the run's CURVE keys
 (`distrl.core.security.RunKeys`, or None: plain TCP) as an argument from the driver, never from a file.
 """
 
@@ -44,7 +44,7 @@ class BufferRole(_Role):
     """The buffer's Ray actor: a BufferServer on this node's --host; `serve` runs until SHUTDOWN."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None, keys=None):
-        from buffer.assemble import build_buffer
+        from distrl.buffer.assemble import build_buffer
 
         begin_role(run_dir, "buffer0", keys)
         self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
@@ -100,7 +100,7 @@ def learner_endpoints(buffer: str, weights: list):
     ``weight_addresses()`` (in a list, so Ray does not wait for it before the actor's constructor starts)."""
     import ray
 
-    from rollout.actor import ActorEndpoints
+    from distrl.rollout.actor import ActorEndpoints
 
     return ActorEndpoints(buffer, *ray.get(weights[0]))
 

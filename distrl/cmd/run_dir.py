@@ -50,6 +50,6 @@ def base_model_dir(run_dir: str | Path, model: str) -> str:
 
 def checkpoint_version(run_dir: Path) -> int:
     """Version of the newest complete learner checkpoint under `<run_dir>/ckpt/` (0: none); the buffer
-    rolls back selections made after it (learn.checkpoint writes `state.json` last, then renames)."""
+    rolls back selections made after it (distrl.learn.checkpoint writes `state.json` last, then renames)."""
     states = sorted((run_dir / "ckpt").glob("v[0-9]*/state.json"))
     return json.loads(states[-1].read_text())["version"] if states else 0

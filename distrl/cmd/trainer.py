@@ -1,7 +1,7 @@
 """`distrl train`: buffer, rollout actors and learners on a Ray cluster (a local one by default).
 
-The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (`buffer.server.BufferServer`,
-`rollout.actor.RolloutActor`, `learn.learner.Learner`); they talk only over ZMQ:
+The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (`distrl.buffer.server.BufferServer`,
+`distrl.rollout.actor.RolloutActor`, `distrl.learn.learner.Learner`); they talk only over ZMQ:
 
     driver: run dir + model -> BufferRole (address) -> LearnerRole x L and RolloutRole x A, started together
             (each actor loads and warms up its engine, then waits for learner 0's weight endpoints)
@@ -159,11 +159,11 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts."""
     import ray
 
-    from rollout.actor import ActorEndpoints
+    from distrl.rollout.actor import ActorEndpoints
 
     plan = run.plan
     BufferRole, LearnerRole, RolloutRole = ray_roles()
-    # one malloc arena from the process start: received messages then use the prefaulted heap (buffer.memory)
+    # one malloc arena from the process start: received messages then use the prefaulted heap (distrl.buffer.memory)
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
         plan.role_cfg["buffer0"], str(run_dir),
@@ -271,7 +271,7 @@ def train(cfg: TrainConfig) -> dict:
     quiet_libraries()  # before the imports below load torch (and torchao)
     import ray
 
-    from buffer.segments import groups_by_actor
+    from distrl.buffer.segments import groups_by_actor
     from distrl.core.buffer_client import BufferClient
 
     began = time.time()  # the whole command, warm start included (report's wall_s)

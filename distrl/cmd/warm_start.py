@@ -1,7 +1,7 @@
-"""`distrl train --warm_start_steps N`: a supervised warm start before any role runs (``learn.sft.warm_start``).
+"""`distrl train --warm_start_steps N`: a supervised warm start before any role runs (``distrl.learn.sft.warm_start``).
 
 The command builds the task as the actors build it and hands it to the learner package's SFT loop, so
-``learn/`` never imports ``rollout/``.
+``distrl/learn/`` never imports ``distrl/rollout/``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from learn.sft import warm_start
-from rollout.tasks import load_task
+from distrl.learn.sft import warm_start
+from distrl.rollout.tasks import load_task
 
 log = logging.getLogger("distrl.sft")
 

@@ -14,7 +14,7 @@ recomputes them (DESIGN.md, "Groups and top-k").
   R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783, §3.2): GRPO's without the division
   by the group std, which up-weights groups of nearly equal rewards (too easy or too hard prompts).
 - ``pg``: ``A_i = r_i - mean(r)``, REINFORCE with the group mean as baseline (no scaling); the same
-  numbers as ``dr_grpo``, kept as its own name because the losses differ (``learn.losses``).
+  numbers as ``dr_grpo``, kept as its own name because the losses differ (``distrl.learn.losses``).
 
 A group whose rewards are all equal carries no signal: every advantage is exactly 0.0 (no NaN, and no
 ``1e-17 / eps`` noise from rounding in the mean).

@@ -73,7 +73,7 @@ GET_HOLD_S = 0.5  # longest a GET asks the buffer to hold it while no batch can 
 
 
 class BufferClient:
-    """Talks to a :class:`buffer.server.BufferServer` at ``address``.
+    """Talks to a :class:`distrl.buffer.server.BufferServer` at ``address``.
 
     Args:
         address: the server's zmq endpoint (``BufferServer.address``).

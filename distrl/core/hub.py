@@ -5,8 +5,8 @@ path (it starts with ``/``, ``./``, ``../`` or ``~``, has more than one ``/``, o
 directory and must exist and hold what transformers needs; anything else is a hub id, checked only
 for its form, and, when ``HF_HUB_OFFLINE=1`` (nothing can be downloaded), for being in the local cache.
 ``tiny`` (the embedded model, `distrl.core.tiny`) always passes. Every failure is a
-:class:`distrl.core.errors.PreflightError` naming the flag; the role preflights (`rollout/preflight.py`,
-`learn/preflight.py`) call these.
+:class:`distrl.core.errors.PreflightError` naming the flag; the role preflights (`distrl/rollout/preflight.py`,
+`distrl/learn/preflight.py`) call these.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A message's optional body (:mod:`distrl.core.wire`) is an Arrow IPC *stream* of these rows: a PUT carries
 one record batch per group (:func:`decode_group`), a BATCH a learner's rows (:func:`encode_table`,
-:func:`decode_table`). The segment logs (buffer.segments) store the same stream format. A *group* is the
+:func:`decode_table`). The segment logs (distrl.buffer.segments) store the same stream format. A *group* is the
 ``group_size`` completions sampled for one prompt instance; it is the unit of PUT. This module defines a
 row's shape once; every role reads and writes rows through it. Malformed bodies raise
 :class:`distrl.core.errors.WireError`.

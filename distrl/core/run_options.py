@@ -1,8 +1,8 @@
 """The options both actors and learners read: the model, sampling shape, seed, the weight transport.
 
 Part of the foundation: no torch, no role. Each role owns the rest of its options in its own package
-(``rollout/config.py``, ``learn/config.py``, ``buffer/config.py``); ``distrl/cmd/config.py`` composes them
-into each command's config and holds the rules that join two sections. Every field is declared once,
+(``distrl/rollout/config.py``, ``distrl/learn/config.py``, ``distrl/buffer/config.py``); ``distrl/cmd/config.py``
+composes them into each command's config and holds the rules that join two sections. Every field is declared once,
 here or in one role's section, with its unit and default.
 
 A section checks only its own fields (``check``, which never changes the config) and computes its own

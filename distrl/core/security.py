@@ -17,7 +17,7 @@ client whose key is not in the directory never completes the handshake: its requ
 `distrl train` keys its run in memory instead (:class:`RunKeys`): when its roles bind off loopback the driver
 makes one key pair for the buffer, one for learner 0's weight endpoints and one for every client, and hands
 them to each role through Ray; :func:`use_run_keys` makes them the process's keys, which every server
-(:class:`buffer.endpoint.Endpoint`, :class:`distrl.weights.base.WeightPublisher`) and client socket made
+(:class:`distrl.buffer.endpoint.Endpoint`, :class:`distrl.weights.base.WeightPublisher`) and client socket made
 afterwards uses (:func:`serve_run_keys`, :func:`connect_run_keys`). The servers admit the run's client key
 only. Nothing is written to disk.
 """

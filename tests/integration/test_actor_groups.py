@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
+from distrl.rollout.actor import ActorEndpoints, RolloutActor
+from distrl.rollout.engines import cpu_engine_env
 from distrl.weights import DirectoryTransport, WeightPublisher
-from rollout.actor import ActorEndpoints, RolloutActor
-from rollout.engines import cpu_engine_env
 from tests.helpers import new_buffer, scaled_model
 
 

@@ -12,8 +12,8 @@ import torch
 
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
+from distrl.rollout.actor import ActorEndpoints, RolloutActor
 from distrl.weights import Announcement, DirectoryTransport, WeightPublisher
-from rollout.actor import ActorEndpoints, RolloutActor
 from tests.helpers import new_buffer
 
 

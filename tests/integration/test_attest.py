@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 from distrl.weights.attest import TOLERANCE_FP32
 from tests.integration.test_train import ENV, ROOT, distrl, run, scalars
 

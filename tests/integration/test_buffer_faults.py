@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer.segments import read_groups, read_segments
+from distrl.buffer.segments import read_groups, read_segments
 from distrl.core.buffer_client import BufferClient
 from tests.helpers import make_group
 
@@ -165,7 +165,7 @@ def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finish
     (answered,) = re.findall(rf"^(\S+ \S+) distrl\.core\.buffer_client INFO buffer at {re.escape(buf)} answered "
                              rf"again after ([\d.]+) s \(GET sent (\d+) times\)$", learner_log, re.M)
     buffer_log = (run_dir / "logs" / "buffer.log").read_text()
-    served = re.findall(r"^(\S+ \S+) buffer\.server INFO buffer serving at", buffer_log, re.M)
+    served = re.findall(r"^(\S+ \S+) distrl\.buffer\.server INFO buffer serving at", buffer_log, re.M)
     assert len(served) == 2  # the first buffer and the restarted one
     stamp = lambda text: datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f")  # noqa: E731
     stall = (stamp(answered[0]) - stamp(served[1])).total_seconds()

@@ -19,7 +19,7 @@ import re
 import signal
 from pathlib import Path
 
-from buffer.segments import lineage
+from distrl.buffer.segments import lineage
 from distrl.core.buffer_client import BufferClient
 from tests.integration.test_faults import TINY, learner_version, start, stop_group, wait_until
 

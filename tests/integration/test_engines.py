@@ -23,8 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from rollout.engines import make_engine  # noqa: E402
-from rollout.engines.merge import merged_weights  # noqa: E402
+from distrl.rollout.engines import make_engine  # noqa: E402
+from distrl.rollout.engines.merge import merged_weights  # noqa: E402
 
 PROMPTS = ["1+2=", "12*3=", "7"]  # different lengths: the HF engine left-pads them
 NEW = 12  # greedy tokens per completion
@@ -249,7 +249,7 @@ def test_merged_weights_equal_peft_merge_and_unload(w):
 def test_hf_inflight_update_switches_weights_between_decode_steps(w):
     """An in-flight update (`between_steps` loads a new version in place): tokens before the switch
     were sampled from version 0, tokens after it from the full version; the vLLM engine refuses it."""
-    from rollout.engines.hf import INFLIGHT_INTERVAL
+    from distrl.rollout.engines.hf import INFLIGHT_INTERVAL
 
     with engine("hf", w["base"]) as e:
         calls = []

@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.segments import read_segments
-from rollout.evaluation import score_problem, summarize
-from rollout.tasks import ArithTask, load_task
+from distrl.buffer.segments import read_segments
+from distrl.rollout.evaluation import score_problem, summarize
+from distrl.rollout.tasks import ArithTask, load_task
 from tests.helpers import shared_data
 from tests.integration.test_train import ENV, ROOT
 
@@ -33,7 +33,7 @@ def distrl(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def hand_metrics(problems: list[dict], ks: list[int]) -> dict[str, float]:
-    """The metrics redone from the written sample records, without rollout.evaluation."""
+    """The metrics redone from the written sample records, without distrl.rollout.evaluation."""
     n = len(problems[0]["samples"])
     out = {"accuracy": sum(s["correct"] for p in problems for s in p["samples"]) / (n * len(problems))}
     out["pass@1"] = out["accuracy"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer.segments import read_consumed, read_groups, read_segments
+from distrl.buffer.segments import read_consumed, read_groups, read_segments
 from tests.integration.test_train import ENV, ROOT, scalars
 from tests.integration.test_weight_transports import free_ports
 

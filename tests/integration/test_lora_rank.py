@@ -11,7 +11,7 @@ from tests.integration.test_train import distrl, run, scalars
 
 
 def test_engine_lora_rank_rounds_up_to_an_accepted_rank():
-    from rollout.engines.vllm import engine_lora_rank
+    from distrl.rollout.engines.vllm import engine_lora_rank
 
     assert [engine_lora_rank(r) for r in (1, 2, 8, 16, 17, 48, 64, 65, 300, 512)] == [
         1, 8, 8, 16, 32, 64, 64, 128, 320, 512]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_A = "10.0.0.1"

@@ -192,7 +192,7 @@ def test_node_loss_costs_only_its_in_flight_groups(cluster):
     meanwhile the run goes on with the other actor (distrl.cmd.actor_runs). The run finishes; the learner's
     versions never go backwards; every acknowledged group is in the segment log exactly once and no actor's
     policy versions go backwards in it."""
-    from buffer.segments import read_consumed, read_segments
+    from distrl.buffer.segments import read_consumed, read_segments
 
     run_dir, steps = cluster.log_dir / "node-loss", 10
     proc = distrl_train_async(cluster, "node-loss", "--max_steps", str(steps), "--number_of_actors", "2",
@@ -231,7 +231,7 @@ def test_node_loss_costs_only_its_in_flight_groups(cluster):
 
 
 def _consumed(run_dir: Path) -> list[dict]:
-    from buffer.segments import read_consumed
+    from distrl.buffer.segments import read_consumed
 
     try:
         return read_consumed(run_dir)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.placement import default_gpus, reserve
 

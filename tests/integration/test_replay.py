@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.recovery import restore_store
-from buffer.segments import lineage, read_consumed
-from buffer.store import GroupStore
+from distrl.buffer.recovery import restore_store
+from distrl.buffer.segments import lineage, read_consumed
+from distrl.buffer.store import GroupStore
 from tests.integration.test_train import ENV, ROOT
 
 

@@ -15,7 +15,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from buffer.segments import groups_by_actor, read_segments
+from distrl.buffer.segments import groups_by_actor, read_segments
 from tests.integration.test_train import check_run, distrl, run, scalars
 
 FLAGS = ["--model", "tiny", "--task", "half_vocab", "--max_staleness", "0", "--batch_size", "4", "--group_size", "4",

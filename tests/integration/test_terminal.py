@@ -85,4 +85,4 @@ def test_role_that_raises_shows_its_error_and_log_file(tmp_path):
     assert "Traceback" not in out and "RayTaskError" not in out and "(raylet)" not in out, out[-4000:]
     actor_log = (run_dir / "logs" / "actor0.log").read_text()
     assert "actor0 failed (its error, as Ray gave it to the driver)" in actor_log
-    assert "reward failed on purpose" in actor_log and "rollout/actor.py" in actor_log  # every frame
+    assert "reward failed on purpose" in actor_log and "distrl/rollout/actor.py" in actor_log  # every frame

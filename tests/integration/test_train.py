@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 from tests.helpers import shared_data
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 After K versions both ranks hold bit-identical parameters. The group's update equals one learner's on
 the union batch (the same groups, served to a single rank): the all-reduced gradient of the first version
 (same starting weights) matches to float rounding, since every loss normalizer is global and gradients are
-SUM-all-reduced (learn.distributed). After K AdamW steps the update theta_K - theta_0 matches as a whole
+SUM-all-reduced (distrl.learn.distributed). After K AdamW steps the update theta_K - theta_0 matches as a whole
 (relative L2 difference) and element-wise for all but a few elements whose gradient is at rounding
 level: AdamW's g / (sqrt(v) + 1e-8) turns a 1e-10 difference of such a gradient into a step of up to
 lr * |g| / (|g| + 1e-8), so those elements carry no information about correctness.

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer.segments import read_segments
+from distrl.buffer.segments import read_segments
 from tests.integration.test_train import ENV, ROOT
 
 REWARDS = ROOT / "tests" / "unit" / "user_rewards.py"

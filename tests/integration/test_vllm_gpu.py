@@ -133,7 +133,7 @@ def _teacher_logprobs(weights_dir: str, results) -> list[float]:
 
 def test_vllm_serves_lora_and_full_updates_like_a_fresh_engine(tmp_path):
     model_dir = _model_dir()
-    from rollout.engines.vllm import VLLMEngine
+    from distrl.rollout.engines.vllm import VLLMEngine
 
     lora1, _ = _save_lora(model_dir, tmp_path / "lora1", seed=1)
     lora2, lora_save_s = _save_lora(model_dir, tmp_path / "lora2", seed=2)

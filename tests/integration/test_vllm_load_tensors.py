@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from rollout.engines import Engine, VLLMEngine  # noqa: E402
+from distrl.rollout.engines import Engine, VLLMEngine  # noqa: E402
 
 PROMPTS = ["1+2=", "12*3=", "7"]
 NEW = 12  # greedy tokens per completion

@@ -100,7 +100,7 @@ def test_full_weights_as_tensors_are_on_policy(tmp_path, transport):
 @pytest.mark.slow
 def test_hf_engine_with_inflight_updates(tmp_path):
     """The HF engine through the whole stack, loading versions between decode steps (`finish`)."""
-    from buffer.segments import read_segments
+    from distrl.buffer.segments import read_segments
 
     run(distrl("--model", "tiny", "--task", "half_vocab", "--engine", "hf", "--inflight_update", "finish",
                "--max_staleness", "2", "--max_steps", "4", "--batch_size", "4", "--group_size", "4",

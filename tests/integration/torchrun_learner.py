@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc_per_node N tests/integration/torchrun_learner.py \
         --buffer tcp://127.0.0.1:PORT --model DIR --out DIR --steps K [--aggregation MODE]
 
-Each rank joins the group with learn.learner.init_distributed_from_env(), trains K versions with
+Each rank joins the group with distrl.learn.learner.init_distributed_from_env(), trains K versions with
 Learner.run() (GET its shard, all-reduce, step; rank 0 publishes through a DirectoryPublisher), then
 writes its trainable parameters before and after to OUT/params0-rank<r>.pt and OUT/params-rank<r>.pt,
 the all-reduced gradients of the first version (before clipping) to OUT/grads-rank<r>.pt and its history
@@ -31,10 +31,10 @@ def main() -> None:
 
     import torch
 
-    import learn.learner
+    import distrl.learn.learner
     from distrl.cmd.config import TrainConfig
+    from distrl.learn.learner import Learner, init_distributed_from_env
     from distrl.weights import DirectoryPublisher
-    from learn.learner import Learner, init_distributed_from_env
 
     first_grads: list = []
 
@@ -43,7 +43,8 @@ def main() -> None:
         if not first_grads:
             first_grads.extend(p.grad.detach().clone() for p in params)
 
-    all_reduce_grads, learn.learner.all_reduce_grads = learn.learner.all_reduce_grads, recording_all_reduce
+    learner_module = distrl.learn.learner
+    all_reduce_grads, learner_module.all_reduce_grads = learner_module.all_reduce_grads, recording_all_reduce
 
     rank, world, _ = init_distributed_from_env()
     out = Path(args.out)

@@ -49,7 +49,7 @@ def test_cli_refuses_bad_buffer_flags_before_importing_arrow_or_zmq(tmp_path):
     code = ("import sys\nfrom distrl.cmd.cli import main\n"
             "try:\n    main(['buffer', '--run_dir', sys.argv[1], '--topk', '9'])\n"
             "except SystemExit as e:\n    assert e.code != 0\n"
-            "heavy = [m for m in ('pyarrow', 'zmq', 'torch', 'buffer.server') if m in sys.modules]\n"
+            "heavy = [m for m in ('pyarrow', 'zmq', 'torch', 'distrl.buffer.server') if m in sys.modules]\n"
             "assert not heavy, heavy\nprint('refused')")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0 and "refused" in proc.stdout, proc.stderr[-2000:]

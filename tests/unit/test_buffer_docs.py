@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from buffer.segments import ConsumptionLog, SegmentLog
+from distrl.buffer.segments import ConsumptionLog, SegmentLog
 from tests.helpers import make_group
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "buffer.md"

@@ -1,4 +1,4 @@
-"""buffer.memory: the prefaulted heap keeps its memory and later allocations (libzmq's messages are
+"""distrl.buffer.memory: the prefaulted heap keeps its memory and later allocations (libzmq's messages are
 malloc'd) are served from it, so a buffer that keeps what it receives does not take new memory per PUT.
 
 Each case runs in a fresh interpreter: mallopt changes the whole process (one arena, no trimming)."""
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from buffer.memory import capped, memory_limit, prefault_heap
+from distrl.buffer.memory import capped, memory_limit, prefault_heap
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 
 PROBE = """
 import ctypes, json, sys
-from buffer.memory import capped, memory_limit, prefault_heap
+from distrl.buffer.memory import capped, memory_limit, prefault_heap
 
 def rss():
     with open("/proc/self/status") as f:
@@ -70,7 +70,7 @@ def test_prefault_beyond_half_the_memory_is_cut_to_half(caplog):
 
 RECEIVE = """
 import json, os, sys
-from buffer.memory import prefault_heap, single_arena
+from distrl.buffer.memory import prefault_heap, single_arena
 
 def rss():
     with open("/proc/self/status") as f:

@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.auth
 
-from buffer.segments import read_consumed, read_segments
+from distrl.buffer.segments import read_consumed, read_segments
 from distrl.core import wire
 from distrl.core.buffer_client import BufferClient, BufferFullError, BufferRefused, ReplayExhausted, WireVersionMismatch
 from distrl.core.wire import MsgType
@@ -150,7 +150,7 @@ def test_put_many_acknowledges_each_group_and_its_retry(tmp_path):
 
 
 def test_put_is_acknowledged_only_after_its_fsync_and_other_requests_do_not_wait(tmp_path, monkeypatch):
-    from buffer import segments
+    from distrl.buffer import segments
 
     disk = threading.Event()
     real_sync = segments._sync

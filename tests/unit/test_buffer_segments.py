@@ -7,8 +7,8 @@ import subprocess
 import pyarrow as pa
 import pytest
 
-from buffer import segments
-from buffer.segments import (
+from distrl.buffer import segments
+from distrl.buffer.segments import (
     ConsumptionLog,
     SegmentLog,
     groups_by_actor,

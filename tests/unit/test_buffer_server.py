@@ -11,8 +11,8 @@ import pytest
 import zmq
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from buffer import segments
-from buffer.segments import read_consumed, read_segments, segment_paths
+from distrl.buffer import segments
+from distrl.buffer.segments import read_consumed, read_segments, segment_paths
 from distrl.core import wire
 from distrl.core.buffer_client import BufferClient, BufferStalled
 from distrl.core.errors import NoProgress
@@ -248,7 +248,7 @@ def test_get_is_resent_every_get_resend_s_and_the_reconnect_is_logged(tmp_path, 
 
 
 def test_no_progress_refuses_gets_stops_credits_then_ends_serve(tmp_path, monkeypatch):
-    monkeypatch.setattr("buffer.handlers.NO_PROGRESS_GRACE_S", 0.5)
+    monkeypatch.setattr("distrl.buffer.handlers.NO_PROGRESS_GRACE_S", 0.5)
     server = new_server(tmp_path, batch_size=1, max_staleness=0, topk=1, filter_zero_variance=True,
                         max_filtered_groups=2)
     failed = []

@@ -1,4 +1,4 @@
-"""learn.checkpoint round trip on the tiny model: weights, optimizer, LR schedule, RNG, version, config,
+"""distrl.learn.checkpoint round trip on the tiny model: weights, optimizer, LR schedule, RNG, version, config,
 baseline; the restored learner continues exactly like the one that never stopped."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from distrl.cmd.config import TrainConfig
-from learn.checkpoint import checkpoint_dir, latest_checkpoint
-from learn.learner import Learner
+from distrl.learn.checkpoint import checkpoint_dir, latest_checkpoint
+from distrl.learn.learner import Learner
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:9"

@@ -1,5 +1,5 @@
-"""learn.batch builds micro-batches from the Arrow columns; the reference here is the row-by-row collate it
-replaced (944c626's learn/learner.py: ``to_pylist``, then one tensor per row). Every tensor must be equal,
+"""distrl.learn.batch builds micro-batches from the Arrow columns; the reference here is the row-by-row collate it
+replaced (944c626's distrl/learn/learner.py: ``to_pylist``, then one tensor per row). Every tensor must be equal,
 dtype and shape included, for slices, multi-chunk tables, empty completions and learner advantages."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from learn.batch import MicroBatch, collate, pack
+from distrl.learn.batch import MicroBatch, collate, pack
 from tests.helpers import make_group
 
 

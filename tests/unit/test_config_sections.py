@@ -15,7 +15,7 @@ from distrl.cmd.config import BufferConfig, LearnConfig, RolloutConfig, TrainCon
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_MODULES = ["distrl/cmd/config.py", "distrl/cmd/config_offline.py", "distrl/core/run_options.py",
-                  "rollout/config.py", "learn/config.py", "buffer/config.py"]
+                  "distrl/rollout/config.py", "distrl/learn/config.py", "distrl/buffer/config.py"]
 
 
 def sections(cls: type) -> list[type]:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from buffer.store import GroupStore
+from distrl.buffer.store import GroupStore
 from distrl.core import wire
 from distrl.core.buffer_client import BufferClient
 from distrl.core.wire import MsgType

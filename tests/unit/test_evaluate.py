@@ -1,5 +1,5 @@
 """Evaluation metrics against hand counts; answer extraction; the held-out split (distrl.cmd.evaluate,
-rollout.tasks)."""
+distrl.rollout.tasks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rollout.evaluation import (
+from distrl.rollout.evaluation import (
     ProblemRecord,
     SampleRecord,
     default_ks,
@@ -19,8 +19,8 @@ from rollout.evaluation import (
     summarize,
     summarize_by_group,
 )
-from rollout.rewards import normalize_answer
-from rollout.tasks import ArithTask, GSM8KTask, MATH500Task
+from distrl.rollout.rewards import normalize_answer
+from distrl.rollout.tasks import ArithTask, GSM8KTask, MATH500Task
 from tests.helpers import shared_data
 
 
@@ -159,7 +159,7 @@ def test_eval_flags_are_checked():
 def test_periodic_eval_schedule(tmp_path):
     from types import SimpleNamespace
 
-    from rollout.evaluation import PeriodicEval
+    from distrl.rollout.evaluation import PeriodicEval
 
     log = tmp_path / "eval.jsonl"
     log.write_text('{"version": 0}\n{"version": 3}\n')  # a resumed run: these are not evaluated again
@@ -177,7 +177,7 @@ def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_f
     from distrl.cmd.evaluate import check_fits
     from distrl.core.errors import PreflightError
     from distrl.core.tiny import build_tiny_model
-    from rollout.tasks import ArithTask, Problem
+    from distrl.rollout.tasks import ArithTask, Problem
 
     model = str(build_tiny_model(tmp_path / "tiny"))
     task, problems = ArithTask(), [Problem("p", "1+2=" * 10, "30")]  # the prompt is the expression: 40 tokens

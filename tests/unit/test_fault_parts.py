@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from buffer.recovery import roll_back_consumed
-from buffer.segments import read_consumed
+from distrl.buffer.recovery import roll_back_consumed
+from distrl.buffer.segments import read_consumed
 from distrl.cmd.faults import (
     Interrupted,
     as_interrupted,

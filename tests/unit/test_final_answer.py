@@ -1,4 +1,4 @@
-"""The final-answer rule (rollout.answers) on completions written the way real models write them.
+"""The final-answer rule (distrl.rollout.answers) on completions written the way real models write them.
 
 Most samples are SmolLM2-135M-Instruct's own style (issue 19): it restates the sum (``34 + 79 = 113``),
 explains first ("To solve this problem, ..."), or states the answer in words. Each case gives the expected
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from rollout.answers import final_answer, final_number, integer_answer
-from rollout.tasks import ArithTask, GSM8KTask, Problem
+from distrl.rollout.answers import final_answer, final_number, integer_answer
+from distrl.rollout.tasks import ArithTask, GSM8KTask, Problem
 
 SMOLLM2_RAMBLE = ("To solve this problem, we need to find the sum of 34 and 79. 34 + 79 = 113. "
                   "So the answer is 113.")

@@ -2,7 +2,7 @@
 
     foundation  distrl.core.* (the buffer's client and CURVE keys included), distrl.weights.*
         ^
-    roles       rollout.*, learn.*, buffer.*   (each: the foundation and itself; buffer: no torch)
+    roles       distrl.rollout.*, distrl.learn.*, distrl.buffer.*   (each: the foundation and itself; buffer: no torch)
         ^
     commands    distrl.cmd.*, distrl.__main__   (anything)
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.layers import check, import_graph
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["distrl", "rollout", "learn", "buffer"]
+PACKAGES = ["distrl"]
 
 # module (or ``package.*``: it and every module under it) -> layer; a module's own entry wins over a ``.*``.
 LAYERS = {
@@ -27,9 +27,9 @@ LAYERS = {
     "distrl.core.*": "foundation",  # wire, buffer_client, security, errors, logs, metrics, advantages, ...
     "distrl.weights.*": "foundation",  # weights by policy version: announce, publish, fetch (fs, zmq, nccl)
     # roles
-    "rollout.*": "rollout",
-    "learn.*": "learn",
-    "buffer.*": "buffer",
+    "distrl.rollout.*": "rollout",
+    "distrl.learn.*": "learn",
+    "distrl.buffer.*": "buffer",
     # commands: parse flags, compose the config, assemble and launch roles, report
     "distrl.cmd.*": "command",  # cli, config, trainer, launch, replay, evaluate, console, faults, placement, ...
     "distrl.__main__": "command",  # `python -m distrl`
@@ -60,7 +60,7 @@ def test_layers_hold_except_the_allowlist():
 def test_the_graph_sees_function_local_and_submodule_imports():
     """The checker reads what the rules depend on: a function-local import, ``from pkg import submodule``."""
     graph = import_graph(ROOT, PACKAGES)
-    assert "rollout.engines.hf" in graph.edges["rollout.engines"]  # make_engine's function-local import
+    assert "distrl.rollout.engines.hf" in graph.edges["distrl.rollout.engines"]  # make_engine's function-local import
     assert "torch" in graph.external["distrl.core.dtypes"]
 
 

@@ -1,4 +1,4 @@
-"""learn.learner on the tiny model (transformers + peft backend, CPU): micro-batching equals the full
+"""distrl.learn.learner on the tiny model (transformers + peft backend, CPU): micro-batching equals the full
 batch for every aggregation mode, zero-signal versions skip the step, full fine-tuning, the KL
 reference, the running-mean baseline, the LR schedule and the torchrun environment."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from distrl.cmd.config import TrainConfig
+from distrl.learn.distributed import init_distributed_from_env
+from distrl.learn.learner import Learner, loss_config
+from distrl.learn.optim import lr_factor
 from distrl.weights import DirectoryPublisher, WeightSubscriber
-from learn.distributed import init_distributed_from_env
-from learn.learner import Learner, loss_config
-from learn.optim import lr_factor
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call train_step / accumulate directly
@@ -61,7 +61,7 @@ def test_micro_batches_equal_full_batch_on_the_model(tiny, aggregation):
         lrn.cfg.learner_chunk_size = chunk
         for f, m in zip(full, grads(lrn, table)):
             torch.testing.assert_close(m, f, atol=1e-6, rtol=1e-4)
-    lrn.cfg.learner_chunk_size = None  # by token budget: the rows are taken widest first (learn.batch.widest_first)
+    lrn.cfg.learner_chunk_size = None  # by token budget: rows taken widest first (batch.widest_first)
     for budget in (9, 30):
         lrn.cfg.learner_chunk_tokens = budget
         for f, m in zip(full, grads(lrn, table)):

@@ -1,5 +1,5 @@
-"""--learner_compile: `learn.model.compile_layers` compiles at start every variant of the decoder layers' inputs a
-micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 a learner step that
+"""--learner_compile: `distrl.learn.model.compile_layers` compiles at start every variant of the decoder layers'
+inputs a micro-batch can bring, so that batches of new shapes never recompile mid-run (on the H200 a learner step that
 compiled took 8-10 s, in the middle of a version).
 
 On CPU with torch.compile's ``eager`` backend: the guards and recompiles checked are dynamo's, which the CUDA
@@ -15,9 +15,9 @@ import torch._dynamo.utils as dynamo_utils
 
 from distrl.cmd.config import TrainConfig
 from distrl.core.rows import table_from_rows
+from distrl.learn.learner import Learner
+from distrl.learn.model import compile_layers
 from distrl.weights.attest import canary_logprob
-from learn.learner import Learner
-from learn.model import compile_layers
 from tests.helpers import make_group
 from tests.unit.test_packing import ADDRESS, rows_of_mixed_lengths, tiny  # noqa: F401 (fixture)
 
@@ -77,8 +77,8 @@ def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
 def test_padded_rows_need_no_mask(tiny):  # noqa: F811
     """The learner runs padded micro-batches without an attention mask: rows are right-padded, so under causal
     attention no real token sees a pad. Its hidden states at real tokens equal those of the masked forward."""
-    from learn.batch import collate
-    from learn.model import body_and_head, load_policy
+    from distrl.learn.batch import collate
+    from distrl.learn.model import body_and_head, load_policy
 
     model = load_policy(tiny, "float32", finetune="full", backend="hf", seed=0)
     body, _ = body_and_head(model)

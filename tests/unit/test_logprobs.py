@@ -1,11 +1,11 @@
-"""learn.logprobs.token_logprobs against a direct (unchunked) log-softmax reference."""
+"""distrl.learn.logprobs.token_logprobs against a direct (unchunked) log-softmax reference."""
 
 import math
 
 import pytest
 import torch
 
-from learn.logprobs import head_impl, token_logprobs
+from distrl.learn.logprobs import head_impl, token_logprobs
 
 B, T, H, V = 2, 5, 8, 11
 TEMP = 0.7

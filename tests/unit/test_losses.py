@@ -1,4 +1,4 @@
-"""learn.losses against hand arithmetic for every loss x aggregation mode, the KL estimators, and the
+"""distrl.learn.losses against hand arithmetic for every loss x aggregation mode, the KL estimators, and the
 micro-batch invariant (TRL's invariant-test style). TRL itself: tests/unit/test_losses_trl.py."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from learn.losses import KL_ESTIMATORS, LossConfig, Normalizer, grpo_loss, pg_loss, policy_loss
-from learn.offpolicy import OffPolicyConfig
+from distrl.learn.losses import KL_ESTIMATORS, LossConfig, Normalizer, grpo_loss, pg_loss, policy_loss
+from distrl.learn.offpolicy import OffPolicyConfig
 
 # B=2, T=3; the second completion has 2 tokens and one padding position.
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

@@ -1,4 +1,4 @@
-"""learn.losses against TRL's GRPO loss (reference test; TRL pinned in pyproject's `test` extra: 1.15.0).
+"""distrl.learn.losses against TRL's GRPO loss (reference test; TRL pinned in pyproject's `test` extra: 1.15.0).
 
 TRL's loss is driven for real: a ``trl.GRPOTrainer`` is built on the tiny model, its per-token logprob
 function is replaced by one returning OUR logprobs tensor (a leaf), and ``GRPOTrainer._compute_loss`` runs
@@ -30,8 +30,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.offpolicy import OffPolicyConfig
+from distrl.learn.losses import LossConfig, Normalizer, policy_loss
+from distrl.learn.offpolicy import OffPolicyConfig
 
 trl = pytest.importorskip("trl")
 

@@ -1,4 +1,4 @@
-"""learn.batch.micro_batches: the learner's micro-batches by token budget (--learner_chunk_tokens) or by a
+"""distrl.learn.batch.micro_batches: the learner's micro-batches by token budget (--learner_chunk_tokens) or by a
 fixed row count (--learner_chunk_size, which wins when given)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from learn.batch import collate, micro_batches, widest_first
-from learn.config import LearnOptions
+from distrl.learn.batch import collate, micro_batches, widest_first
+from distrl.learn.config import LearnOptions
 from tests.helpers import make_group
 
 

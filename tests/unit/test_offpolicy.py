@@ -1,12 +1,12 @@
-"""learn.offpolicy (TIS, AReaL's decoupled objective, the ratio band) through learn.losses, by hand."""
+"""distrl.learn.offpolicy (TIS, AReaL's decoupled objective, the ratio band) through distrl.learn.losses, by hand."""
 
 import math
 
 import pytest
 import torch
 
-from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.offpolicy import OffPolicyConfig, correction
+from distrl.learn.losses import LossConfig, Normalizer, policy_loss
+from distrl.learn.offpolicy import OffPolicyConfig, correction
 
 # One completion of 3 tokens; behavior ratios rho = pi_prox / mu = [3, .5, 1], advantage +1.
 RHO = torch.tensor([[3.0, 0.5, 1.0]])

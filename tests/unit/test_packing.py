@@ -12,8 +12,8 @@ import torch
 
 from distrl.cmd.config import TrainConfig
 from distrl.core.rows import table_from_rows
-from learn.batch import collate, pack
-from learn.learner import Learner
+from distrl.learn.batch import collate, pack
+from distrl.learn.learner import Learner
 from tests.helpers import make_group
 
 ADDRESS = "tcp://127.0.0.1:9"  # never contacted: these tests call prepare / accumulate directly

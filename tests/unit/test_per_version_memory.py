@@ -2,7 +2,7 @@
 
 An actor loads every version's weights from safetensors files. `safe_open(framework="pt")` (safetensors
 0.8.0) left two Python objects behind per tensor read, ~1.4 KB per version of the tiny model, so the
-actor's RSS grew ~2 MB per 1,000 versions; rollout.engines.merge.read_safetensors reads the files itself.
+actor's RSS grew ~2 MB per 1,000 versions; distrl.rollout.engines.merge.read_safetensors reads the files itself.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from distrl.core.tiny import build_tiny_model
-from rollout.engines.hf import HFEngine
-from rollout.engines.merge import read_safetensors
+from distrl.rollout.engines.hf import HFEngine
+from distrl.rollout.engines.merge import read_safetensors
 
 
 def test_read_safetensors_equals_safetensors(tmp_path):
@@ -70,7 +70,7 @@ def test_loading_a_version_keeps_nothing_per_version(tmp_path):
 
 def test_learner_history_is_compact():
     """The learner's returned history holds 40 bytes a version, not each version's stats dict."""
-    from learn.learner import History
+    from distrl.learn.learner import History
 
     history = History()
     for v in range(10_000):

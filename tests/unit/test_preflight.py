@@ -17,7 +17,7 @@ from distrl.cmd.faults import RoleStuck, end_early, resumable
 from distrl.cmd.preflight import dropped_by_resume, preflight
 from distrl.core.errors import PreflightError
 from distrl.core.hub import check_model, check_tokenizer, looks_like_path
-from rollout.preflight import VLLM_MIN_TEMPERATURE, check_dataset, check_temperature
+from distrl.rollout.preflight import VLLM_MIN_TEMPERATURE, check_dataset, check_temperature
 from tests.helpers import shared_data
 
 QWEN_TOKENIZER = shared_data() / "tokenizers" / "qwen2.5"

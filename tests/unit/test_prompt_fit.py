@@ -1,12 +1,12 @@
-"""rollout.prompt_fit on real MATH-500 rows and the Qwen2.5 tokenizer: prompts measured as templated."""
+"""distrl.rollout.prompt_fit on real MATH-500 rows and the Qwen2.5 tokenizer: prompts measured as templated."""
 
 from __future__ import annotations
 
 import pytest
 
 from distrl.core.errors import PreflightError
-from rollout.prompt_fit import LongPrompts, check_prompt_lengths, measure, prompt_ids
-from rollout.tasks import load_task
+from distrl.rollout.prompt_fit import LongPrompts, check_prompt_lengths, measure, prompt_ids
+from distrl.rollout.tasks import load_task
 from tests.helpers import shared_data
 
 MATH500 = shared_data() / "math500" / "test.jsonl"

@@ -1,11 +1,11 @@
-"""The fast path's token pick (rollout.engines.hf_fast.pick): exact draws, greedy, logprobs; where the decode
-kernels (rollout.engines.hf_kernels) run and how the split-K attention splits positions."""
+"""The fast path's token pick (distrl.rollout.engines.hf_fast.pick): exact draws, greedy, logprobs; where the decode
+kernels (distrl.rollout.engines.hf_kernels) run and how the split-K attention splits positions."""
 
 from __future__ import annotations
 
 import torch
 
-from rollout.engines.hf_fast import pick
+from distrl.rollout.engines.hf_fast import pick
 
 
 def test_exponential_race_draws_from_softmax_over_temperature():
@@ -28,14 +28,14 @@ def test_greedy_is_argmax_with_untempered_logprobs():
 
 
 def test_decode_kernels_stay_off_where_they_cannot_run_and_split_positions_by_need():
-    """rollout.engines.hf_kernels on this machine: no kernels for a CPU model (the sampler keeps the portable path;
-    asking for them is a clear error), and the split-K attention's split count: two programs a multiprocessor at
+    """distrl.rollout.engines.hf_kernels on this machine: no kernels for a CPU model (the sampler keeps the portable
+    path; asking for them is a clear error), and the split-K attention's split count: two programs a multiprocessor at
     most, never more splits than blocks of positions."""
     import pytest
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rollout.engines import hf_kernels
-    from rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines import hf_kernels
+    from distrl.rollout.engines.hf_continuous import ContinuousSampler
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from buffer.segments import SegmentLog, read_groups, segment_paths
+from distrl.buffer.segments import SegmentLog, read_groups, segment_paths
 from distrl.core.rows import decode_group, encode_table
 from tests.helpers import make_group
 

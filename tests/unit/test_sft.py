@@ -1,4 +1,4 @@
-"""The supervised warm start (learn/sft.py) on the embedded tiny model: masks, and the loss drops."""
+"""The supervised warm start (distrl/learn/sft.py) on the embedded tiny model: masks, and the loss drops."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from distrl.core.tiny import build_tiny_model, build_tokenizer
-from learn.sft import sft_batch, warm_start
-from rollout.tasks import ArithTask
+from distrl.learn.sft import sft_batch, warm_start
+from distrl.rollout.tasks import ArithTask
 
 
 def test_sft_batch_masks_prompt_and_padding():
@@ -50,7 +50,7 @@ def test_warm_start_rejects_bad_options(tmp_path):
 
 
 def test_exact_match_is_greedy_correctness():
-    from learn.sft import exact_match
+    from distrl.learn.sft import exact_match
 
     # 2 rows, 4 positions, vocabulary 3; labels are -100 on the prompt (position 0-1) and padding.
     labels = torch.tensor([[-100, -100, 2, 1], [-100, -100, 2, -100]])
@@ -80,7 +80,7 @@ def test_bad_flags_are_named(flag, value):
 
 
 def test_arith_flags_reach_the_task():
-    from rollout.tasks import load_task
+    from distrl.rollout.tasks import load_task
 
     task = load_task("arith", None, seed=0, arith_ops="+", arith_max_operand=9)
     stream = task.problems(1)

@@ -1,4 +1,4 @@
-"""Tasks and rewards (rollout.tasks, rollout.rewards) on the real GSM8K / MATH-500 rows in shared/data."""
+"""Tasks and rewards (distrl.rollout.tasks, distrl.rollout.rewards) on the real GSM8K / MATH-500 rows in shared/data."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
 
-from rollout.answers import final_answer
-from rollout.rewards import MathVerifier
-from rollout.tasks import ArithTask, GSM8KTask, HalfVocabTask, MATH500Task, Problem, load_task
+from distrl.rollout.answers import final_answer
+from distrl.rollout.rewards import MathVerifier
+from distrl.rollout.tasks import ArithTask, GSM8KTask, HalfVocabTask, MATH500Task, Problem, load_task
 from tests.helpers import shared_data
 
 GSM8K = shared_data() / "gsm8k" / "train.jsonl"
@@ -204,7 +204,7 @@ def test_math_verify_timeout_warning_is_not_logged():
     import sys
 
     code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
-            "from rollout.rewards import MathVerifier, normalize_answer\n"
+            "from distrl.rollout.rewards import MathVerifier, normalize_answer\n"
             "for t in (None, 5.0):\n"
             "    v = MathVerifier(timeout_s=t); print(v.score('\\\\boxed{1/2}', '0.5')[0]); v.close()\n"
             "print(normalize_answer('0.5'))\n")

@@ -1,13 +1,13 @@
-"""Device-side loss metrics (learn.tensor_metrics): values by hand, empty batches, one conversion."""
+"""Device-side loss metrics (distrl.learn.tensor_metrics): values by hand, empty batches, one conversion."""
 
 import math
 
 import pytest
 import torch
 
-from learn.losses import LossConfig, Normalizer, policy_loss
-from learn.offpolicy import OffPolicyConfig
-from learn.tensor_metrics import masked_stats, to_floats
+from distrl.learn.losses import LossConfig, Normalizer, policy_loss
+from distrl.learn.offpolicy import OffPolicyConfig
+from distrl.learn.tensor_metrics import masked_stats, to_floats
 
 
 def test_masked_stats_by_hand():

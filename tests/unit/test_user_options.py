@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from distrl.cmd.config import TrainConfig
-from rollout.actor import samples_markdown
-from rollout.rewards import UserReward, apply_truncation
-from rollout.tasks import ArithTask, Problem
+from distrl.rollout.actor import samples_markdown
+from distrl.rollout.rewards import UserReward, apply_truncation
+from distrl.rollout.tasks import ArithTask, Problem
 from tests.helpers import make_group, new_buffer, shared_data
 
 REWARDS = Path(__file__).with_name("user_rewards.py")
@@ -186,7 +186,7 @@ def tiny(tmp_path_factory):
 
 
 def _learner(tiny, **kw):
-    from learn.learner import Learner
+    from distrl.learn.learner import Learner
 
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=8, **kw)
     return Learner(cfg, 0, 1, "tcp://127.0.0.1:9", tiny)
@@ -238,7 +238,7 @@ def test_export_final_lora_merged_equals_base_plus_adapter(tiny, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learn.model import export_final
+    from distrl.learn.model import export_final
 
     lrn = _learner(tiny)
     g = torch.Generator().manual_seed(1)
@@ -269,7 +269,7 @@ def test_export_final_lora_merged_equals_base_plus_adapter(tiny, tmp_path):
 def test_export_final_full_finetuning_writes_merged_only(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from learn.model import export_final
+    from distrl.learn.model import export_final
 
     lrn = _learner(tiny, finetune="full")
     final = export_final(lrn.model, tmp_path / "final", tiny, merged=False)
@@ -310,8 +310,8 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from distrl.core.buffer_client import BufferClient
+    from distrl.learn.learner import Learner
     from distrl.weights import DirectoryPublisher
-    from learn.learner import Learner
 
     run_dir = tmp_path / "run"
     server = new_buffer(run_dir, batch_size=2, max_staleness=1, topk=4)

@@ -15,7 +15,7 @@ from distrl.core.run_options import SharedOptions
 from distrl.weights import TRANSPORTS, transport
 
 ROOT = Path(__file__).resolve().parents[2]
-SEARCHED = ["rollout", "learn", "buffer", "distrl/cmd"]  # everything that uses weights, outside distrl/weights
+SEARCHED = ["distrl/rollout", "distrl/learn", "distrl/buffer", "distrl/cmd"]  # all that uses weights but distrl/weights
 NAME = r"""["'](?:fs|zmq|nccl)["']"""
 BRANCHES = {
     "startswith nccl": re.compile(r"""startswith\(\s*["']nccl"""),
@@ -24,7 +24,7 @@ BRANCHES = {
     "a transport name compared": re.compile(rf"(?:==|!=)\s*{NAME}|{NAME}\s*(?:==|!=|\bin\b|\bnot\s+in\b)"),
     "a transport backend imported": re.compile(r"distrl\.weights\.(?:fs|zmq|nccl)\b"),
 }
-# `dist.get_backend() == "nccl"` (learn/distributed.py) names torch's process-group backend of the
+# `dist.get_backend() == "nccl"` (distrl/learn/distributed.py) names torch's process-group backend of the
 # learners' gradient all-reduce, not a weight transport.
 NOT_A_TRANSPORT = re.compile(r"get_backend\(\)")
 
