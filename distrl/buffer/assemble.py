@@ -55,7 +55,7 @@ def build_buffer(cfg, run_dir: str | os.PathLike, *, address: str | None = None,
         replay_from: offline replay of the log in this directory (no PUT, no memory bound); ``restamp``:
             its staleness model.
         poll_ms: the serving loop's poll timeout in milliseconds (how fast ``stop`` is noticed).
-    Raises FileExistsError if a fresh buffer's run directory already holds segments, zmq.ZMQError if
+    Raises FileExistsError if a fresh buffer's run directory already holds segments, BindError if
     the address cannot be bound, ValueError on bad options or a corrupt log.
     """
     replay = replay_from is not None

@@ -12,6 +12,7 @@ import re
 
 import zmq
 
+from distrl.core.errors import BindError
 from distrl.core.security import CurveServer, serve_run_keys
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class Endpoint:
         max_msg_bytes: largest accepted message (ZMQ_MAXMSGSIZE); a peer sending more is disconnected.
         curve_secret_key, curve_client_keys: CURVE from key files (:mod:`distrl.core.security`); None: the process's
             run keys (``distrl.core.security.use_run_keys``, `distrl train`), or plain TCP without them.
-    Raises zmq.ZMQError (saying what to change) if the address cannot be bound; nothing stays open then.
+    Raises BindError (saying what to change) if the address cannot be bound; nothing stays open then.
     """
 
     def __init__(self, address: str, max_msg_bytes: int = DEFAULT_MAX_MSG_BYTES,
@@ -62,7 +63,7 @@ class Endpoint:
             sock.bind(bindable(address))
         except zmq.ZMQError as exc:
             sock.close()
-            raise zmq.ZMQError(exc.errno, f"buffer cannot bind {address}: {exc} (pick another port, or 0)") from None
+            raise BindError(f"buffer cannot bind {address}: {exc} (pick another port, or 0)") from None
         host = address.split("://")[-1].rsplit(":", 1)[0]
         if self._curve is None and host not in LOOPBACK and "ipc://" not in address:
             log.warning("buffer bound to %s without CURVE: anyone who reaches it can PUT and GET", address)

@@ -18,7 +18,7 @@ from distrl.cmd.configfile import ConfigFileError, expand_config
 from distrl.cmd.faults import RoleFailed, as_interrupted, raise_on_signals
 from distrl.cmd.join import expand_join
 from distrl.cmd.preflight import preflight
-from distrl.core.errors import NoProgress, PreflightError
+from distrl.core.errors import BindError, NoProgress, PreflightError
 from distrl.core.logs import quiet_libraries
 
 # name -> (config class, "module:function" that takes the config)
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg.model = resolve_model(cfg.model)
         preflight(name, cfg)  # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md)
         getattr(importlib.import_module(module), func)(cfg)
-    except (FileExistsError, FileNotFoundError, PreflightError) as exc:
+    except (FileExistsError, FileNotFoundError, PreflightError, BindError) as exc:
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Interrupted, or what Ray or C code made of it

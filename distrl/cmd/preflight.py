@@ -13,11 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
+import socket
 from pathlib import Path
 from typing import Callable
 
 from distrl.core.errors import PreflightError
 
+# ZeroMQ endpoints given by flag: tcp://HOST:PORT (PORT 0-65535, or *), ipc://PATH or inproc://NAME
+ZMQ_ADDRESS_FLAGS = ("address", "buffer_address", "weights_pub_bind", "weights_endpoint_bind", "weights_pub",
+                     "weights_endpoint")
+ZMQ_ADDRESS = re.compile(r"tcp://(?:\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):(?P<port>\*|\d{1,5})|(?:ipc|inproc)://\S+")
+PORT_FLAGS = ("weights_broadcast_port",)
+RAY_CONNECT_TIMEOUT_S = 10.0
 # What `distrl train --resume` keeps from the command line; the rest comes from the run's config.json.
 RESUME_KEEPS = ("resume", "max_steps", "config", "log_dir", "run_name")
 
@@ -43,11 +52,57 @@ def check_resume(cfg) -> None:
     if not (run_dir / "config.json").is_file():
         raise PreflightError("--resume", f"{cfg.resume}: no config.json there (not a distrl run directory)",
                              "give the directory of a run that distrl train started (<log_dir>/<run_name>)")
-    dropped = dropped_by_resume(cfg, json.loads((run_dir / "config.json").read_text()))
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PreflightError("--resume", f"{cfg.resume}/config.json cannot be read ({exc})",
+                             "restore the file distrl train wrote there, or start a new run") from None
+    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(cfg)}) if isinstance(saved, dict) else None
+    if unknown is None or unknown:
+        raise PreflightError("--resume", f"{cfg.resume}/config.json is not a run's config (unknown keys: {unknown})",
+                             "restore the file distrl train wrote there, or start a new run")
+    dropped = dropped_by_resume(cfg, saved)
     if dropped:
         flags = " ".join(dropped)
         raise PreflightError("--resume", f"would ignore {flags} (a resumed run keeps its config)",
                              "drop them (only --max_steps may change), or start a new run with them")
+
+
+def check_flags(cfg) -> None:
+    """Every command: each float flag is a finite number (no range check of a role lets ``inf`` work), each
+    ZeroMQ address flag is ``tcp://HOST:PORT`` with a port of at most 65535, ``ipc://`` or ``inproc://``,
+    and each port flag is a port."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise PreflightError(f"--{f.name}", f"{value} is not a finite number",
+                                 "give a finite value (`distrl <command> --help` says what it means)")
+        if f.name in ZMQ_ADDRESS_FLAGS:
+            match = ZMQ_ADDRESS.fullmatch(value)
+            if not match or (match["port"] not in (None, "*") and int(match["port"]) > 65535):
+                raise PreflightError(f"--{f.name}", f"{value!r} is not a ZeroMQ address with a valid port",
+                                     "give tcp://HOST:PORT (PORT 1-65535; 0 or * picks a free one where it binds), "
+                                     "ipc://PATH or inproc://NAME")
+        if f.name in PORT_FLAGS and not 0 <= value <= 65535:
+            raise PreflightError(f"--{f.name}", f"{value} is not a TCP port", "give a port from 1 to 65535")
+
+
+def check_ray_address(address: str | None) -> None:
+    """`distrl train --ray_address HOST:PORT`: something accepts a TCP connection there within
+    RAY_CONNECT_TIMEOUT_S (Ray itself retries an unreachable address for minutes). ``auto``, ``local`` and
+    ``ray://`` client addresses are left to Ray."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise PreflightError("--ray_address", f"{address!r} is not HOST:PORT",
+                             "give the head node's GCS address, e.g. 10.0.0.1:6379, or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PreflightError("--ray_address", f"nothing answers at {address} ({exc})",
+                             "start the head there (`ray start --head`), check the address, or leave "
+                             "--ray_address unset to start a local cluster") from None
 
 
 def check_new_run(cfg) -> None:
@@ -64,6 +119,7 @@ def check_train(cfg) -> None:
     from distrl.learn import preflight as learn
     from distrl.rollout import preflight as rollout
 
+    check_ray_address(cfg.ray_address)
     if cfg.resume:
         check_resume(cfg)
         return
@@ -121,4 +177,5 @@ def preflight(command: str, cfg) -> None:
 
     Raises PreflightError (flag, problem, fix) on the first failure.
     """
+    check_flags(cfg)
     CHECKS[command](cfg)

@@ -7,6 +7,11 @@ import enum
 from typing import Any, ClassVar
 
 
+class BindError(OSError):
+    """An endpoint cannot be bound (the port in use, no such interface, no permission). The message names the
+    address and what to change; launchers print it after ``distrl <command>: error:`` and exit with status 2."""
+
+
 class PreflightError(Exception):
     """A flag whose value cannot work, found before any role, Ray cluster or run directory exists.
 

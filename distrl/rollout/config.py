@@ -69,8 +69,9 @@ class PromptOptions:
     --learner_generates, the warm start) and by `distrl eval`."""
 
     dataset: Optional[str] = None
-    """Hub id (e.g. `openai/gsm8k`) or a local .jsonl/.json/.parquet file; unused by the built-in tasks
-    (`distrl eval` without one takes the built-in task's held-out problems)."""
+    """Hub id (e.g. `openai/gsm8k`) or a local .jsonl/.json/.parquet file; refused with a built-in task
+    (`arith`, `half_vocab`: they make their own problems; `distrl eval` without one takes the built-in task's
+    held-out problems)."""
     task: Optional[Literal["arith", "gsm8k", "math500", "half_vocab"]] = None
     """Task (prompt template + reward): arith, gsm8k, math500, half_vocab. Default: inferred from the
     dataset's fields or name, `arith` when no dataset is given."""

@@ -29,12 +29,16 @@ def check_sources(model: str, tokenizer: str | None) -> None:
 def check_dataset(task: str | None, dataset: str | None) -> None:
     """`--dataset` exists and its first row has the fields of `task` (--task, else inferred from the row).
 
-    Built-in tasks ignore --dataset; hub ids and dataset folders are left to `datasets` at start.
+    A built-in task with a --dataset is refused (it would not read it); hub ids and dataset folders are left
+    to `datasets` at start.
     """
     from distrl.rollout.tasks import BUILTIN_TASKS, DATASET_TASKS, LOCAL_BUILDERS, first_rows, infer_task
 
-    if task in BUILTIN_TASKS or dataset is None:
+    if dataset is None:
         return
+    if task in BUILTIN_TASKS:
+        raise PreflightError("--dataset", f"task {task} makes its own problems and would not read {dataset}",
+                             "drop --dataset, or give --task gsm8k or math500 (or no --task) to train on the file")
     path = Path(dataset).expanduser()
     if not path.exists() and (path.suffix in LOCAL_BUILDERS or looks_like_path(dataset)):
         raise PreflightError("--dataset", f"{dataset}: no such file",

@@ -40,6 +40,7 @@ from pathlib import Path
 import zmq
 
 from distrl.core import wire
+from distrl.core.errors import BindError
 from distrl.core.security import connect_run_keys, run_keys, serve_run_keys
 
 TOPIC = b"weights"
@@ -81,11 +82,16 @@ def endpoint_host(address: str) -> str:
 
 
 def _bind(sock: zmq.Socket, address: str) -> str:
-    """Bind to `address`; port 0 picks a free port. Returns the bound address."""
-    if address.endswith(":0"):
-        port = sock.bind_to_random_port(address.rsplit(":", 1)[0])
-        return f"{address.rsplit(':', 1)[0]}:{port}"
-    sock.bind(address)
+    """Bind to `address`; port 0 picks a free port. Returns the bound address.
+
+    Raises BindError (naming the address) if it cannot be bound."""
+    try:
+        if address.endswith(":0"):
+            port = sock.bind_to_random_port(address.rsplit(":", 1)[0])
+            return f"{address.rsplit(':', 1)[0]}:{port}"
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        raise BindError(f"weight endpoint cannot bind {address}: {exc} (pick another port, or 0)") from None
     return address
 
 

@@ -4,6 +4,7 @@ PreflightError naming its flag; good inputs (the shipped data, `make demo`'s com
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import time
@@ -67,7 +68,8 @@ def test_dataset_checks(tmp_path):
     refused("--dataset", r"columns \['gold', 'prompt'\], but task gsm8k needs \['question', 'answer'\]",
             check_dataset, "gsm8k", str(rows))
     refused("--dataset", r"needs \['problem', 'answer \(or solution\)'\]", check_dataset, "math500", str(rows))
-    check_dataset("arith", str(rows))  # built-in tasks ignore --dataset
+    refused("--dataset", "task arith makes its own problems and would not read", check_dataset, "arith", str(rows))
+    check_dataset("arith", None)
     check_dataset(None, str(shared_data() / "math500" / "test.jsonl"))
     check_dataset("gsm8k", str(shared_data() / "gsm8k" / "test.jsonl"))
     (tmp_path / "bad.jsonl").write_text("{not json\n")
@@ -119,6 +121,40 @@ def test_buffer_run_directories(tmp_path):
     (tmp_path / "segments" / "segment-000000.arrow").write_bytes(b"")
     preflight("buffer", BufferConfig(resume=str(tmp_path)))
     refused("--run_dir", "already holds a segment log", preflight, "buffer", BufferConfig(run_dir=str(tmp_path)))
+
+
+def test_every_command_refuses_infinite_numbers_and_bad_addresses_and_ports(tmp_path):
+    run = dict(log_dir=str(tmp_path))
+    refused("--learning_rate", "inf is not a finite number", preflight, "train",
+            TrainConfig(learning_rate=math.inf, **run))
+    refused("--heartbeat_timeout_s", "inf is not a finite", preflight, "train",
+            TrainConfig(heartbeat_timeout_s=1e400, **run))
+    refused("--credit_timeout_s", "inf is not a finite", preflight, "buffer",
+            BufferConfig(run_dir=str(tmp_path / "b"), credit_timeout_s=math.inf))
+    for address in ("tcp://127.0.0.1:99999", "tcp://127.0.0.1:-1", "garbage", "tcp://", "http://127.0.0.1:5555"):
+        refused("--address", "not a ZeroMQ address with a valid port", preflight, "buffer",
+                BufferConfig(run_dir=str(tmp_path / "b"), address=address))
+    for address in ("tcp://127.0.0.1:0", "tcp://*:5555", "tcp://[::1]:5555", "ipc:///tmp/x.sock", "tcp://host-1:65535"):
+        preflight("buffer", BufferConfig(run_dir=str(tmp_path / "b"), address=address))
+    refused("--weights_broadcast_port", "70000 is not a TCP port", preflight, "train",
+            TrainConfig(weights_broadcast_port=70000, **run))
+
+
+def test_ray_address_must_answer(tmp_path):
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed again below: nothing listens there
+    refused("--ray_address", "nothing answers at", preflight, "train",
+            TrainConfig(ray_address=f"127.0.0.1:{port}", log_dir=str(tmp_path)))
+    refused("--ray_address", "is not HOST:PORT", preflight, "train",
+            TrainConfig(ray_address="x", log_dir=str(tmp_path)))
+    with socket.socket() as head:  # something listening passes
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        preflight("train", TrainConfig(ray_address=f"127.0.0.1:{head.getsockname()[1]}", model="tiny", task="arith",
+                                       log_dir=str(tmp_path)))
 
 
 def test_make_demo_passes_preflight(tmp_path):

@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rollout", "learn", "buffer", "distrl")
+PACKAGES = ("distrl",)  # the roles included: distrl/rollout, distrl/learn, distrl/buffer
 
 
 def _text(node: ast.expr) -> str:
