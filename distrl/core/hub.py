@@ -11,6 +11,7 @@ for its form, and, when ``HF_HUB_OFFLINE=1`` (nothing can be downloaded), for be
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -47,6 +48,18 @@ def _cached(repo_id: str, filenames: tuple[str, ...]) -> bool:
     return any(isinstance(try_to_load_from_cache(repo_id, name), str) for name in filenames)
 
 
+def _check_model_config(path: Path) -> None:
+    """``path`` (a model's config.json) holds one JSON object, as transformers reads it; else PreflightError."""
+    try:
+        ok = isinstance(json.loads(path.read_text()), dict)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise PreflightError("--model", f"{path}: not a JSON object ({exc})",
+                             "restore the file save_pretrained wrote (or re-download the model)") from None
+    if not ok:
+        raise PreflightError("--model", f"{path}: not a JSON object",
+                             "restore the file save_pretrained wrote (or re-download the model)")
+
+
 def check_model(value: str) -> None:
     """`--model`: ``tiny``; a directory with ``config.json`` or a ``.gguf`` file (or a ``.gguf`` file
     itself); or a hub id (in the local cache when offline). Raises PreflightError naming --model."""
@@ -64,6 +77,8 @@ def check_model(value: str) -> None:
         if path.is_dir() and not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
             raise PreflightError("--model", f"{value}: no config.json (or .gguf) in this directory",
                                  "give the directory that save_pretrained wrote (config.json + weights)")
+        if path.is_dir() and (path / "config.json").is_file():
+            _check_model_config(path / "config.json")
         return
     if not _valid_hub_id(value):
         raise PreflightError("--model", f"{value}: neither a local directory nor a hub id",

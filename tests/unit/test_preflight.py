@@ -52,6 +52,15 @@ def test_model_locations(tmp_path, monkeypatch):
     check_model("distrl-test/no-such-model")  # online: left to the hub (never downloaded here)
 
 
+def test_a_damaged_model_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text("not json")
+    refused("--model", r"config.json: not a JSON object \(Expecting value", check_model, str(tmp_path))
+    (tmp_path / "config.json").write_text("[1, 2]")
+    refused("--model", r"config.json: not a JSON object$", check_model, str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    check_model(str(tmp_path))
+
+
 def test_tokenizer_location_and_vocabulary():
     refused("--tokenizer", "no such directory", check_tokenizer, "/nonexistent/tok")
     check_tokenizer(str(QWEN_TOKENIZER))
