@@ -23,19 +23,23 @@ Sides:
   its final checkpoint inside the last (TRL's side saves none). Each distrl side also reports ``startup_s`` (launch
   to the first version), ``recompiles_after_warmup`` (``TORCH_LOGS=recompiles`` in its logs, from the window's
   start) and ``graph_captures_after_warmup``.
-- ``trl:<variant>``: GRPOTrainer (``use_vllm=False``, ``gradient_checkpointing=False``: TRL 1.15 turns it on
-  by default, which only saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per
-  step) with :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``continuous``
-  (``use_transformers_continuous_batching``: transformers' continuous batching), ``static``
-  (``cache_implementation="static"``). The window is
-  ``--versions`` optimizer steps after ``--warmup``, timed at each step's end after a CUDA synchronize.
+- ``trl:<variant>``: GRPOTrainer (``gradient_checkpointing=False``: TRL 1.15 turns it on by default, which only
+  saves memory these sizes do not need; ``bf16``; ``beta=0``, one generation per step) with
+  :data:`TRL_VARIANTS`: ``hf`` (``model.generate``), ``continuous`` (``use_transformers_continuous_batching``:
+  transformers' continuous batching), ``static`` (``cache_implementation="static"``), all ``use_vllm=False``;
+  and ``vllm``: ``use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3`` (frozen by issue 43;
+  its process gets ``RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR MASTER_PORT``, and the fixed workload's
+  floor is vLLM's ``min_tokens`` where HF's is ``min_new_tokens``). The window is ``--versions`` optimizer
+  steps after ``--warmup``, timed at each step's end after a CUDA synchronize.
 
-``vs_trl`` = distrl's completions/s over the fastest TRL variant's; ``vs_trl_tokens`` the same in generated
-tokens/s. Each side runs in its own process (killed by pid after ``--hard_s``).
+``vs_trl`` = distrl's completions/s over the fastest TRL variant that generates with transformers (``hf``,
+``continuous``, ``static``: its meaning before the vLLM side existed); ``vs_trl_vllm`` over ``trl:vllm``'s;
+``vs_trl_hf`` over ``trl:hf``'s; ``vs_trl_tokens`` as ``vs_trl`` in generated tokens/s. Each side runs in its
+own process (killed by pid after ``--hard_s``).
 
     python -m bench.vs_trl run --workload fixed --tokenizer DIR --out DIR         (CUDA)
     python -m bench.vs_trl run --workload variable --model SmolLM2.gguf --dataset train.jsonl --out DIR
-    python -m bench.vs_trl report DIR [DIR ...]       -> bench/results/vs_trl.json (vs_trl_fixed, _variable)
+    python -m bench.vs_trl report DIR [DIR ...]       -> bench/results/vs_trl.json (vs_trl[_vllm|_hf]_WORKLOAD)
     python -m bench.vs_trl smoke --out DIR            (CPU: the tiny model, 2 versions, under a minute)
 
 ``run`` prints a table, then one JSON object on the last line (also ``DIR/<workload>.json``).
@@ -61,7 +65,22 @@ from bench.real_workload import phases, recompiles, scalars  # noqa: E402
 from distrl.weights import TRANSPORTS  # noqa: E402
 
 TRL_VARIANTS = {"hf": {}, "continuous": {"use_transformers_continuous_batching": True},
-                "static": {"cache_implementation": "static"}}
+                "static": {"cache_implementation": "static"},
+                "vllm": {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}}
+RATIOS = {"vs_trl": None, "vs_trl_vllm": "trl:vllm", "vs_trl_hf": "trl:hf"}  # key -> TRL side (None: fastest HF)
+
+
+def trl_env(variant: str) -> dict:
+    """The TRL process's extra environment: vLLM colocated in a one-process "distributed" run needs its ranks and
+    a rendezvous address (TRL's external_launcher executor)."""
+    if not TRL_VARIANTS[variant].get("use_vllm"):
+        return {}
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
 def task_flags(args) -> list[str]:
@@ -142,7 +161,7 @@ def trl_side(args, variant: str, model_dir: str, work: Path, out: Path) -> dict:
     path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "bench.vs_trl", "trl", variant, "--model_dir", model_dir, "--work", str(work),
            "--out", str(out), *[f"--{k}={getattr(args, k)}" for k in SHARED if getattr(args, k) is not None]]
-    how = run_process(cmd, out / f"trl_{variant}.log", args.hard_s, {})
+    how = run_process(cmd, out / f"trl_{variant}.log", args.hard_s, trl_env(variant))
     result = json.loads(path.read_text()) if path.is_file() else {}
     return {"side": f"trl:{variant}", **result, "how": result.get("how", how)}
 
@@ -173,15 +192,16 @@ def trl_case(args, variant: str) -> None:
     def reward(completions, idx, completion_ids, **kw):
         return [task.reward(text, ids, problems[i])[0] for text, ids, i in zip(completions, completion_ids, idx)]
 
-    settings = dict(TRL_VARIANTS[variant])
+    settings = {"use_vllm": False, **TRL_VARIANTS[variant]}
+    floor = "min_tokens" if settings["use_vllm"] else "min_new_tokens"  # vLLM's SamplingParams; HF's generate
     if args.workload == "fixed":
-        settings["generation_kwargs"] = {"min_new_tokens": args.max_new_tokens}
+        settings["generation_kwargs"] = {floor: args.max_new_tokens}
     cfg = GRPOConfig(output_dir=str(Path(args.work) / f"trl_{variant}"), per_device_train_batch_size=args.batch_size
                      * args.group_size, gradient_accumulation_steps=1, num_generations=args.group_size,
                      max_steps=args.warmup + args.versions, max_completion_length=args.max_new_tokens,
                      temperature=1.0, top_p=1.0, beta=0.0, learning_rate=args.lr, lr_scheduler_type="constant",
                      gradient_checkpointing=False, bf16=cuda, logging_steps=1, save_strategy="no", report_to="none",
-                     use_vllm=False, model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"}, seed=1,
+                     model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"}, seed=1,
                      use_cpu=not cuda, dataloader_num_workers=0, **settings)
     trainer = GRPOTrainer(model=args.model_dir, reward_funcs=reward, args=cfg, train_dataset=ds,
                           processing_class=tok, callbacks=[Window()])
@@ -191,11 +211,12 @@ def trl_case(args, variant: str) -> None:
     tokens = sum(window) * args.batch_size * args.group_size * args.versions / max(len(window), 1)
     result = rates(f"trl:{variant}", "finished", args.versions, stamps[last - 1] - stamps[first - 1], tokens, args)
     settings.pop("generation_kwargs", None)
-    result["command"] = (f"GRPOConfig(use_vllm=False, gradient_checkpointing=False, bf16={cuda}, beta=0, "
+    result["command"] = (f"GRPOConfig(gradient_checkpointing=False, bf16={cuda}, beta=0, "
                          f"loss_type={cfg.loss_type!r}, per_device_train_batch_size={cfg.per_device_train_batch_size}, "
                          f"num_generations={args.group_size}, max_completion_length={args.max_new_tokens}"
                          + "".join(f", {k}={v!r}" for k, v in settings.items())
-                         + (", generation_kwargs={'min_new_tokens': ...})" if args.workload == "fixed" else ")"))
+                         + (f", generation_kwargs={{'{floor}': {args.max_new_tokens}}})" if args.workload == "fixed"
+                            else ")"))
     (Path(args.out) / f"trl_{variant}.json").write_text(json.dumps(result, indent=1))
 
 
@@ -213,22 +234,26 @@ def run_process(cmd: list[str], log: Path, hard_s: float, env: dict) -> str:
 
 
 def summarize(workload: str, sides: list[dict]) -> dict:
-    """``vs_trl`` (completions/s) and ``vs_trl_tokens`` of the first distrl side (the run's own flags) against
-    the fastest TRL variant, and every side; each further distrl side (``--distrl_flags`` given again) gets
-    its own ``vs_trl`` beside its rates."""
-    trl = [s for s in sides if s["side"].startswith("trl:") and "completions_per_s" in s]
-    best = max(trl, key=lambda s: s["completions_per_s"], default=None)
+    """The first distrl side's (the run's own flags) ratios, completions/s over each :data:`RATIOS` TRL side's:
+    ``vs_trl`` over the fastest variant that generates with transformers (``trl_best``; ``vs_trl_tokens`` the
+    same in tokens/s), ``vs_trl_vllm`` over ``trl:vllm``, ``vs_trl_hf`` over ``trl:hf`` (None: that side has no
+    window); and every side. Each further distrl side (``--distrl_flags`` given again) gets its own ratios."""
+    timed = {s["side"]: s for s in sides if s["side"].startswith("trl:") and "completions_per_s" in s}
+    hf = [s for name, s in timed.items() if not TRL_VARIANTS.get(name[4:], {}).get("use_vllm")]
+    best = max(hf, key=lambda s: s["completions_per_s"], default=None)
+    against = {key: best if name is None else timed.get(name) for key, name in RATIOS.items()}
 
-    def ratio(side, key):
-        ok = side and "completions_per_s" in side and best and best[key]
-        return round(side[key] / best[key], 3) if ok else None
+    def ratio(side, other, key):
+        ok = side and "completions_per_s" in side and other and other[key]
+        return round(side[key] / other[key], 3) if ok else None
 
     distrl = [s for s in sides if s["side"].startswith("distrl")]
     for side in distrl[1:]:
-        side["vs_trl"] = ratio(side, "completions_per_s")
+        side.update({key: ratio(side, other, "completions_per_s") for key, other in against.items()})
     first = distrl[0] if distrl else None
-    return {"workload": workload, "vs_trl": ratio(first, "completions_per_s"),
-            "vs_trl_tokens": ratio(first, "tokens_per_s"), "trl_best": best["side"] if best else None, "sides": sides}
+    ratios = {key: ratio(first, other, "completions_per_s") for key, other in against.items()}
+    return {"workload": workload, "vs_trl": ratios.pop("vs_trl"), "vs_trl_tokens": ratio(first, best, "tokens_per_s"),
+            "trl_best": best["side"] if best else None, **ratios, "sides": sides}
 
 
 def table(summary: dict) -> str:
@@ -245,7 +270,8 @@ def table(summary: dict) -> str:
     for i, flags in enumerate(summary.get("distrl_flags", [])):
         rows.append(f"{'distrl' if i == 0 else f'distrl{i}'}: {flags or '(defaults)'}")
     rows.append(f"{summary['workload']}: distrl / fastest TRL ({summary['trl_best']}) = {summary['vs_trl']} "
-                f"completions/s, {summary['vs_trl_tokens']} tokens/s")
+                f"completions/s, {summary['vs_trl_tokens']} tokens/s; / trl:vllm = {summary.get('vs_trl_vllm')}, "
+                f"/ trl:hf = {summary.get('vs_trl_hf')}")
     return "\n".join(rows)
 
 
@@ -264,18 +290,27 @@ def run(args) -> dict:
     return summary
 
 
-def report(dirs: list[str], note: str) -> None:
-    """bench/results/vs_trl.json: ``vs_trl_fixed``/``vs_trl_variable`` = the smallest of the runs (each run's
-    summary under ``runs``)."""
-    runs = [json.loads(p.read_text()) for d in dirs for p in sorted(Path(d).glob("*.json"))
+def report(dirs: list[str], note: str, path: Path = ROOT / "bench" / "results" / "vs_trl.json") -> dict:
+    """Adds the runs in ``dirs`` to bench/results/vs_trl.json, keeping every key it holds: each run's summary
+    (with ``note``) under ``runs`` (a run already there, same workload and date, is not added again), each ratio
+    of :data:`RATIOS` to ``<ratio>_<workload>_runs``, and ``<ratio>_<workload>`` = the smallest of these runs'
+    (a ratio none of them measured keeps its value)."""
+    out = json.loads(path.read_text()) if path.is_file() else {}
+    seen = {(r.get("workload"), r.get("date")) for r in out.get("runs", [])}
+    runs = [json.loads(p.read_text()) | {"note": note} for d in dirs for p in sorted(Path(d).glob("*.json"))
             if p.stem in ("fixed", "variable")]
-    out = {"note": note, "runs": runs}
+    runs = [r for r in runs if (r["workload"], r.get("date")) not in seen]
+    out["runs"] = out.get("runs", []) + runs
     for workload in ("fixed", "variable"):
-        ratios = [r["vs_trl"] for r in runs if r["workload"] == workload and r["vs_trl"] is not None]
-        out[f"vs_trl_{workload}"] = min(ratios) if ratios else None
-        out[f"vs_trl_{workload}_runs"] = ratios
-    (ROOT / "bench" / "results" / "vs_trl.json").write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if k != "runs"}))
+        for key in RATIOS:
+            ratios = [r.get(key) for r in runs if r["workload"] == workload and r.get(key) is not None]
+            out[f"{key}_{workload}_runs"] = out.get(f"{key}_{workload}_runs", []) + ratios
+            if ratios:
+                out[f"{key}_{workload}"] = min(ratios)
+            out.setdefault(f"{key}_{workload}", None)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if k.startswith("vs_trl")}))
+    return out
 
 
 def smoke(args) -> int:
@@ -305,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="variable: SmolLM2-135M-Instruct (GGUF file or directory)")
     parser.add_argument("--tokenizer", default=None, help="fixed: tokenizer directory of the random 0.5B (Qwen2.5)")
     parser.add_argument("--dataset", default=None, help="variable: GSM8K's train.jsonl")
-    parser.add_argument("--trl", default="hf,continuous",
+    parser.add_argument("--trl", default="hf,vllm",
                         help=f"TRL variants, comma-separated: {', '.join(TRL_VARIANTS)}; none: no TRL side")
     parser.add_argument("--weights_transport", default="shm", choices=sorted(TRANSPORTS),
                         help="distrl's (shm: full weights through host shared memory, no file)")

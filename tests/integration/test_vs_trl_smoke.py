@@ -53,10 +53,48 @@ def test_summary_divides_by_the_fastest_trl_variant():
     assert summarize("fixed", sides[1:])["vs_trl"] is None  # no distrl window: no ratio
 
 
+def test_vllm_and_hf_ratios_beside_the_fastest_hf_generate_one():
+    from bench.vs_trl import summarize
+
+    sides = [{"side": "distrl", "completions_per_s": 90.0, "tokens_per_s": 9000.0},
+             {"side": "distrl1", "completions_per_s": 60.0, "tokens_per_s": 6000.0},
+             {"side": "trl:hf", "completions_per_s": 30.0, "tokens_per_s": 3000.0},
+             {"side": "trl:vllm", "completions_per_s": 45.0, "tokens_per_s": 4500.0}]
+    summary = summarize("fixed", sides)
+    # vs_trl keeps its meaning: the fastest TRL side that generates with transformers, never trl:vllm
+    assert summary["trl_best"] == "trl:hf" and summary["vs_trl"] == 3.0 and summary["vs_trl_tokens"] == 3.0
+    assert summary["vs_trl_vllm"] == 2.0 and summary["vs_trl_hf"] == 3.0
+    assert sides[1]["vs_trl"] == 2.0 and sides[1]["vs_trl_vllm"] == round(60 / 45, 3)
+    lost = summarize("fixed", [sides[0], {"side": "trl:vllm", "how": "killed at --hard_s"}])
+    assert lost["vs_trl_vllm"] is None and lost["vs_trl"] is None and lost["vs_trl_hf"] is None
+
+
+def test_report_adds_runs_and_keeps_every_key(tmp_path):
+    from bench.vs_trl import report
+
+    results = tmp_path / "vs_trl.json"
+    results.write_text(json.dumps({"note": "old", "runs": [{"workload": "fixed", "date": "d0", "vs_trl": 5.0}],
+                                   "vs_trl_fixed": 5.0, "vs_trl_fixed_runs": [5.0], "seventh_round": {"x": 1}}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fixed.json").write_text(json.dumps({"workload": "fixed", "date": "d1", "vs_trl": 7.0,
+                                                "vs_trl_vllm": 4.5, "vs_trl_hf": 7.5}))
+    (run / "variable.json").write_text(json.dumps({"workload": "variable", "date": "d1", "vs_trl": None,
+                                                   "vs_trl_vllm": None, "vs_trl_hf": None}))
+    out = report([str(run)], "machine, commit", path=results)
+    assert out["note"] == "old" and out["seventh_round"] == {"x": 1} and len(out["runs"]) == 3
+    assert out["vs_trl_fixed"] == 7.0 and out["vs_trl_fixed_runs"] == [5.0, 7.0]
+    assert out["vs_trl_vllm_fixed"] == 4.5 and out["vs_trl_vllm_fixed_runs"] == [4.5]
+    assert out["vs_trl_hf_fixed"] == 7.5 and out["runs"][-1]["note"] == "machine, commit"
+    assert out["vs_trl_vllm_variable"] is None and out["vs_trl_vllm_variable_runs"] == []
+    assert json.loads(results.read_text()) == out
+    assert len(report([str(run)], "again", path=results)["runs"]) == 3  # a run already there is not added twice
+
+
 def test_a_bad_trl_variant_is_named(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.vs_trl", "run", "--trl", "hf,vllm", "--model", "tiny",
+    proc = subprocess.run([sys.executable, "-m", "bench.vs_trl", "run", "--trl", "hf,sglang", "--model", "tiny",
                            "--out", str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "--trl: unknown variant(s) vllm" in proc.stderr
+    assert proc.returncode == 2 and "--trl: unknown variant(s) sglang" in proc.stderr
     assert not list(tmp_path.iterdir())
 
 
