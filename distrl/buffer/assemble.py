@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from distrl.buffer.clients import CREDIT_TIMEOUT_S
 from distrl.buffer.endpoint import Endpoint
+from distrl.buffer.lock import RunDirLock
 from distrl.buffer.memory import prefault_heap
 from distrl.buffer.recovery import restore_store
 from distrl.buffer.segments import ConsumptionLog, SegmentLog, segment_paths
@@ -39,7 +40,7 @@ def make_store(cfg, restamp: bool = False, bounded: bool = True) -> GroupStore:
 def build_buffer(cfg, run_dir: str | os.PathLike, *, address: str | None = None,
                  tb_dir: str | os.PathLike | None = None, resume: bool = False, resume_version: int | None = None,
                  replay_from: str | os.PathLike | None = None, restamp: bool = False,
-                 poll_ms: int = 50) -> BufferServer:
+                 poll_ms: int = 50, role: str = "distrl buffer") -> BufferServer:
     """A BufferServer bound and ready to ``serve``, writing its logs under ``run_dir``.
 
     Args:
@@ -55,18 +56,26 @@ def build_buffer(cfg, run_dir: str | os.PathLike, *, address: str | None = None,
         replay_from: offline replay of the log in this directory (no PUT, no memory bound); ``restamp``:
             its staleness model.
         poll_ms: the serving loop's poll timeout in milliseconds (how fast ``stop`` is noticed).
-    Raises FileExistsError if a fresh buffer's run directory already holds segments, BindError if
+        role: who holds the run directory's lock (:mod:`distrl.buffer.lock`), as a refused second buffer names it.
+    Raises FileExistsError if a fresh buffer's run directory already holds segments, RunDirLocked (a
+    FileExistsError) if another process serves a buffer there, FileNotFoundError if ``resume`` finds no
+    segment log, BindError if
     the address cannot be bound, ValueError on bad options or a corrupt log.
     """
     replay = replay_from is not None
     if not resume and not replay and segment_paths(run_dir):
         raise FileExistsError(f"{run_dir} already holds a segment log: resume it (--resume {run_dir}) "
                               f"or give a new run directory")
+    if resume and not segment_paths(run_dir):  # never an empty start: every acknowledged group would be lost
+        raise FileNotFoundError(f"{run_dir}: no segment log to resume from (segments/segment-*.arrow); the "
+                                f"buffer's node lost it? give the run directory where the buffer ran")
     store = make_store(cfg, restamp, bounded=not replay)
     if not replay:  # before the ZeroMQ context starts its I/O thread
         prefault_heap(cfg.prefault_bytes if cfg.max_bytes is None else min(cfg.prefault_bytes, cfg.max_bytes))
     pa.array([0]).to_numpy()  # pyarrow imports pandas at its first to_numpy (0.2 s): not at the first PUT
     with contextlib.ExitStack() as opened:  # closes what was opened if a later step fails
+        lock = RunDirLock(run_dir, role)  # one buffer per run directory; raises RunDirLocked (naming the holder)
+        opened.callback(lock.release)
         endpoint = Endpoint(address or cfg.address, cfg.max_msg_bytes, getattr(cfg, "curve_secret_key", None),
                             getattr(cfg, "curve_client_keys", None))
         opened.callback(endpoint.close)
@@ -86,5 +95,6 @@ def build_buffer(cfg, run_dir: str | os.PathLike, *, address: str | None = None,
         opened.callback(metrics.close)
         server = BufferServer(store, endpoint, consumed, segments, metrics, poll_ms,
                               credit_timeout_s=getattr(cfg, "credit_timeout_s", CREDIT_TIMEOUT_S))
+        server.lock = lock
         opened.pop_all()
     return server

@@ -109,6 +109,7 @@ class BufferServer:
         self.store, self.endpoint, self.consumed, self.segments, self.metrics = (store, endpoint, consumed, segments,
                                                                                  metrics)
         self.poll_ms = poll_ms
+        self.lock = None  # a distrl.buffer.lock.RunDirLock that close() releases (build_buffer sets it)
         self.address: str = endpoint.address
         self._sock = endpoint.socket  # requests queue until serve() runs
         self.clients = Clients(store, credit_timeout_s)
@@ -339,6 +340,8 @@ class BufferServer:
                 self.consumed.close()
             finally:
                 self.metrics.close()
+                if self.lock is not None:  # the run directory's lock (distrl.buffer.lock): last, logs closed
+                    self.lock.release()
 
     def __enter__(self) -> "BufferServer":
         return self

@@ -121,6 +121,9 @@ def check_train(cfg) -> None:
 
     check_ray_address(cfg.ray_address)
     if cfg.resume:
+        from distrl.buffer.preflight import check_unlocked
+
+        check_unlocked("--resume", Path(cfg.resume).expanduser())  # a buffer (or a run's replica) holds it
         check_resume(cfg)
         return
     check_new_run(cfg)

@@ -164,7 +164,8 @@ def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, res
     from distrl.buffer.assemble import build_buffer
     from distrl.cmd.assemble import build_learner
 
-    server = build_buffer(train, out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source, restamp=restamp)
+    server = build_buffer(train, out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source, restamp=restamp,
+                          role="distrl replay")
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), name="replay-buffer", daemon=True)
     thread.start()

@@ -48,7 +48,7 @@ class BufferRole(_Role):
 
         begin_role(run_dir, "buffer0", keys)
         self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
-                                   resume_version=resume_version)
+                                   resume_version=resume_version, role="distrl train's buffer0")
 
     def address(self) -> str:
         return self.server.address
