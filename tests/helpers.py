@@ -66,7 +66,7 @@ BUFFER_TEST_OPTIONS = dict(batch_size=2, max_staleness=1, topk=2, group_size=4, 
 
 
 def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = False,
-               resume_version: int | None = None, replay_from=None, restamp: bool = False, **options):
+               resume_version: int | None = None, replay_from=None, restamp: bool = False, replica=None, **options):
     """A BufferServer from ``distrl.buffer.assemble.build_buffer`` (not serving yet), with `distrl buffer`'s
     config of ``options`` over BUFFER_TEST_OPTIONS (no heap prefault)."""
     from distrl.buffer.assemble import build_buffer
@@ -74,7 +74,7 @@ def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = Fa
 
     cfg = BufferConfig(run_dir=str(run_dir), address=address, **(BUFFER_TEST_OPTIONS | options))
     return build_buffer(cfg, run_dir, resume=resume, resume_version=resume_version, replay_from=replay_from,
-                        restamp=restamp)
+                        restamp=restamp, replica=replica)
 
 
 def scaled_model(base, out, factor: float, noise: float = 0.0, seed: int = 0) -> Path:

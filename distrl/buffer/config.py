@@ -144,6 +144,10 @@ class BufferEndpoint:
     """With --curve_secret_key: directory of the public key files (`*.key`) of the clients let in."""
     tb_dir: Optional[str] = None
     """TensorBoard directory (unset: `<run_dir>/tb/buffer0`)."""
+    replica: Optional[str] = None
+    """ZMQ address of a replica of the log (`python -m distrl.buffer.replica DIR` on another host, plain TCP):
+    a PUT is acknowledged, and a batch handed out, only once its record is in the replica too; with --resume
+    on a host that lost the log, the replica's copy is fetched first (docs/buffer.md). Unset: no replica."""
 
     def resolve(self) -> None:
         """--resume gives the run directory; raises ValueError when --run_dir names another one."""

@@ -34,7 +34,8 @@ def run(cfg) -> dict:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = build_buffer(cfg, run_dir, resume=cfg.resume is not None, resume_version=cfg.resume_version)
+    server = build_buffer(cfg, run_dir, resume=cfg.resume is not None, resume_version=cfg.resume_version,
+                          replica=cfg.replica)
     try:
         info = {"address": server.address, "pid": os.getpid(), "config": dataclasses.asdict(cfg)}
         (run_dir / "buffer.json").write_text(json.dumps(info, indent=2))

@@ -30,7 +30,7 @@ def check(cfg) -> None:
     run_dir = Path(cfg.run_dir)
     check_unlocked("--resume" if cfg.resume is not None else "--run_dir", run_dir)
     if cfg.resume is not None:
-        if not (run_dir / "segments").is_dir() and not segment_paths(run_dir):
+        if not (run_dir / "segments").is_dir() and not segment_paths(run_dir) and cfg.replica is None:
             raise PreflightError("--resume", f"{cfg.resume}: no segment log there (segments/)",
                                  "give the --run_dir of a buffer that ran, or start a new buffer with --run_dir")
     elif run_dir.is_dir() and segment_paths(run_dir):
