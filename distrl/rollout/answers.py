@@ -19,11 +19,17 @@ Numbers (:data:`NUMBER`): an optional minus sign (not after a letter, digit or c
 ``12-5`` is 12 and 5), thousands separators (``1,130`` -> ``1130``), decimals (``3.5``); a trailing period
 is not part of one (``113.`` -> ``113``). :func:`final_number` is the last number of the final answer,
 :func:`integer_answer` that number when it is integral (``113.0`` -> 113, ``113.5`` -> None).
+
+Unicode (:func:`normalize_text`, applied to the completion by :func:`final_answer` and to gold and answer by
+every built-in grader in `distrl.rollout.rewards`): NFKC (fullwidth ``－２３`` -> ``-23``), the minus sign
+U+2212 and the dashes U+2010-2015 read as ``-``, any script's decimal digits as ASCII (``٢٣`` -> ``23``),
+superscripts and subscripts kept as exponents and indices (``x²`` -> ``x^{2}``, not ``x2``).
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from decimal import Decimal
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -33,6 +39,24 @@ _NUMBER = re.compile(NUMBER)
 _ANSWER_IS = re.compile(r"\banswer\b[\s*]*(?:is\b|:)[\s*:]*", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _NUMBER_WITH_UNIT = re.compile(rf"({NUMBER})(?=\s*%|,?\s+[A-Za-z(]|$)")
+# Read as "-" after NFKC: hyphen, non-breaking hyphen, figure/en/em dash, horizontal bar, minus sign, heavy
+# minus, small em dash; U+2044 (NFKC's fraction slash: "½" -> "1⁄2") as "/".
+_AS_ASCII = {**dict.fromkeys(map(ord, "\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u2796\ufe58"), "-"), 0x2044: "/"}
+_SUPERSCRIPTS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u207b]+")  # ⁰¹²³⁴-⁹ ⁺ ⁻
+_SUBSCRIPTS = re.compile("[\u2080-\u208b]+")  # ₀-₉ ₊ ₋
+_NON_ASCII_DIGIT = re.compile(r"(?![0-9])\d")  # a decimal digit (Unicode category Nd) of another script
+
+
+def normalize_text(text: str) -> str:
+    """`text` with the unicode forms of digits and signs written in ASCII (see the module docstring):
+    ``"−23"`` (U+2212), ``"–23"`` (en dash) and ``"－２３"`` (fullwidth) -> ``"-23"``, ``"٢٣"`` -> ``"23"``,
+    ``"x²"`` -> ``"x^{2}"``. ASCII text is returned unchanged."""
+    if text.isascii():
+        return text
+    text = _SUPERSCRIPTS.sub(lambda m: "^{" + m.group() + "}", text)  # before NFKC, which makes ² a plain 2
+    text = _SUBSCRIPTS.sub(lambda m: "_{" + m.group() + "}", text)
+    text = unicodedata.normalize("NFKC", text).translate(_AS_ASCII)
+    return _NON_ASCII_DIGIT.sub(lambda m: str(unicodedata.decimal(m.group())), text)
 
 
 def last_boxed(text: str) -> str | None:
@@ -69,7 +93,9 @@ def stated_answer(text: str) -> str | None:
 
 def final_answer(text: str) -> str | None:
     """The completion's final answer (the module's rule): the last ``\\boxed{}`` content, else the last
-    stated ``answer is X``, else the last number; None when there is none of them."""
+    stated ``answer is X``, else the last number; None when there is none of them. `text` is read through
+    :func:`normalize_text` first."""
+    text = normalize_text(text)
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed

@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from distrl.rollout.answers import final_answer, integer_answer, last_boxed
+from distrl.rollout.answers import final_answer, integer_answer, last_boxed, normalize_text
 from distrl.rollout.reward_workers import WorkerPool, child_code, serve_lines
 
 
@@ -58,9 +58,10 @@ class Problem:
 def integer_match(completion_text: str, gold: str) -> tuple[float, dict[str, float]]:
     """1.0 when the completion's final integer (:func:`distrl.rollout.answers.integer_answer`: the last number of
     the last ``\\boxed{}``, else of the stated ``answer is X``, else of the completion; integral) equals
-    `gold` (an integer literal), else 0.0. Components: ``correct``, ``format`` (a ``\\boxed{}`` was used)."""
+    `gold` (an integer literal, unicode signs and digits allowed: :func:`distrl.rollout.answers.normalize_text`),
+    else 0.0. Components: ``correct``, ``format`` (a ``\\boxed{}`` was used)."""
     answer = integer_answer(completion_text)
-    correct = answer is not None and answer == int(gold)
+    correct = answer is not None and answer == int(normalize_text(gold))
     return float(correct), {"correct": float(correct), "format": float(last_boxed(completion_text) is not None)}
 
 
@@ -96,8 +97,10 @@ def check_answer(gold: str, answer: str | None) -> dict[str, bool]:
 
     Returns ``{"gold_ok", "correct"}``. ``gold_ok`` is False when math_verify finds no mathematical
     object in the gold (an empty parse or only its raw-string fallback, e.g. ``""`` or ``"#"``); such a
-    gold is never matched. Gold and answer are both parsed as the content of a ``\\boxed{}``.
+    gold is never matched. Gold and answer are both parsed as the content of a ``\\boxed{}``, after
+    :func:`distrl.rollout.answers.normalize_text` (``"－２３"`` equals ``"-23"``).
     """
+    gold, answer = normalize_text(gold), None if answer is None else normalize_text(answer)
     parse, verify = _math_verify()
     gold_parsed = _parse_gold(gold)
     if all(isinstance(g, str) for g in gold_parsed):
@@ -120,6 +123,7 @@ def normalize_answer(answer: str | None) -> str | None:
         return None
     import sympy
 
+    answer = normalize_text(answer)
     parse, _ = _math_verify()
     objects = [p for p in parse("\\boxed{" + answer + "}", parsing_timeout=None) if not isinstance(p, str)]
     if not objects:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from distrl.rollout.answers import final_answer, final_number, integer_answer
-from distrl.rollout.tasks import ArithTask, GSM8KTask, Problem
+from distrl.rollout.answers import final_answer, final_number, integer_answer, normalize_text
+from distrl.rollout.tasks import ArithTask, GSM8KTask, MATH500Task, Problem
 
 SMOLLM2_RAMBLE = ("To solve this problem, we need to find the sum of 34 and 79. 34 + 79 = 113. "
                   "So the answer is 113.")
@@ -85,3 +85,50 @@ def test_tiny_model_style_still_scores():
 def test_gsm8k_grades_by_the_same_rule(completion, expected):
     task = GSM8KTask([{"question": "q", "answer": "... #### 18"}], verify_timeout_s=None)
     assert task.reward(completion, [], next(task.problems(0)))[0] == expected
+
+
+# Unicode signs and digits (issue 40): each written form of -23, as a completion and as a gold, in every grader.
+MINUS_23 = ["-23", "\u221223", "\u201223", "\u201323", "\u201423", "\u201523", "\uff0d\uff12\uff13", "\ufe6323",
+            "-\u0662\u0663", "-\u0968\u0969"]  # ... Arabic-Indic and Devanagari digits
+
+
+@pytest.mark.parametrize("written", MINUS_23)
+def test_unicode_minus_and_digits_read_as_ascii(written):
+    assert normalize_text(written) == "-23"
+    assert final_answer(f"So the answer is \\boxed{{{written}}}.") == "-23"
+    assert integer_answer(f"The answer is {written}.") == -23
+
+
+def test_normalize_text_keeps_exponents_and_leaves_ascii_alone():
+    assert normalize_text("x\u00b2 + 10\u207b\u00b3") == "x^{2} + 10^{-3}"  # NFKC alone gives "x2 + 10-3"
+    assert normalize_text("a\u2081") == "a_{1}"
+    assert normalize_text("\u00bd") == "1/2"
+    assert normalize_text("12-5 = 7, \\frac{1}{2}") == "12-5 = 7, \\frac{1}{2}"
+    assert normalize_text("12\u22125") == "12-5"  # still a minus between numbers, no sign
+    assert integer_answer("12\u22125=7") == 7
+
+
+@pytest.mark.parametrize("gold", ["-23", "\u221223", "\uff0d\uff12\uff13"])
+@pytest.mark.parametrize("written", ["-23", "\u221223", "\u201323", "\uff0d\uff12\uff13", "-\u0662\u0663"])
+def test_every_builtin_grader_reads_unicode_minus(gold, written):
+    problem = Problem("x", "q", gold)
+    assert ArithTask().reward(f"\\boxed{{{written}}}", [], problem)[0] == 1.0
+    assert ArithTask().reward(f"\\boxed{{{written}}}", [], Problem("x", "q", "23"))[0] == 0.0
+    assert ArithTask().extract_answer(written) == "-23"
+    gsm8k = GSM8KTask([{"question": "q", "answer": f"... #### {gold}"}], verify_timeout_s=None)
+    assert gsm8k.reward(f"The answer is {written}.", [], next(gsm8k.problems(0)))[0] == 1.0
+    assert gsm8k.reward("The answer is 23.", [], next(gsm8k.problems(0)))[0] == 0.0
+    math500 = MATH500Task([{"problem": "q", "answer": gold}], verify_timeout_s=None)
+    assert math500.reward(f"\\boxed{{{written}}}", [], next(math500.problems(0)))[0] == 1.0
+    assert math500.extract_answer(f"\\boxed{{{written}}}") == "-23"
+
+
+def test_unicode_answers_through_the_math_verify_workers():
+    task = MATH500Task([{"problem": "q", "answer": "\\frac{1}{2}"}, {"problem": "r", "answer": "x^{2}"}],
+                       verify_timeout_s=30.0)
+    try:
+        half, square = (task.to_problem(task.rows[i], i) for i in range(2))
+        assert [r for r, _ in task.rewards([("\\boxed{\u00bd}", [], half), ("\\boxed{x\u00b2}", [], square),
+                                            ("\\boxed{x2}", [], square)])] == [1.0, 1.0, 0.0]
+    finally:
+        task.verifier.close()
