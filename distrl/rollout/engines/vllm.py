@@ -19,10 +19,21 @@ Weights by version:
   class's temporary safetensors directory is used instead).
 - ``merge_lora``: the engine starts without LoRA support; each adapter is merged into the base
   weights, written once to a private scratch directory, and reloaded as full weights.
+
+Reload warnings. vLLM's layerwise reload warns "<Layer>: Failed to load weights" for every layer that holds a
+tensor and received none, then puts the layer's previous tensors back. Two such layers hold nothing a checkpoint
+loads: a rotary embedding (its only tensors are the cos/sin caches, non-persistent buffers computed from the
+config) and a tied ``lm_head`` (its weight is ``embed_tokens.weight``, one Parameter: the model's
+``load_weights`` skips ``lm_head.*`` and the embedding's load writes the new values into that Parameter, so
+the head serves them too). Those warnings are dropped (:func:`_nothing_to_load`, :class:`_ReloadLog`); any other
+layer that loaded nothing, or a checkpoint name vLLM reports as not loaded, is still logged and the load raises
+RuntimeError (the engine would serve a mix of two versions). Filtering needs the model in this process (the
+default); a worker process logs vLLM's warnings as they are.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -76,6 +87,59 @@ def _repack_tied_lm_head(worker) -> bool:
     return True
 
 
+def _nothing_to_load(worker) -> set[str]:
+    """Run on the vLLM worker: class names of the layers that hold tensors a checkpoint never loads, and only
+    those: non-persistent buffers (a rotary embedding's cos/sin caches) or parameters that are another layer's
+    (a tied lm_head's weight is the embedding's). A class with any other instance is left out."""
+    model = worker.get_model()
+    owner: dict[int, object] = {}  # data_ptr -> the first layer holding that parameter
+    for layer in model.modules():
+        for param in layer._parameters.values():
+            if param is not None:
+                owner.setdefault(param.data_ptr(), layer)
+    quiet, loud = set(), set()
+    for layer in model.modules():
+        params = [p for p in layer._parameters.values() if p is not None]
+        buffers = {name for name, b in layer._buffers.items() if b is not None}
+        if not params and not buffers:
+            continue
+        persistent = buffers - layer._non_persistent_buffers_set
+        borrowed = all(owner[p.data_ptr()] is not layer for p in params)
+        (quiet if not persistent and borrowed else loud).add(type(layer).__name__)
+    return quiet - loud
+
+
+class _ReloadLog(logging.Filter):
+    """On vLLM's reload loggers for one reload: drops "<Layer>: Failed to load weights" for the layer classes in
+    ``quiet`` (:func:`_nothing_to_load`), keeps every other record and collects the failures in ``failed``."""
+
+    LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.model_executor.model_loader.reload.inplace")
+
+    def __init__(self, quiet: set[str]):
+        super().__init__()
+        self.quiet, self.failed = quiet, []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.endswith(": Failed to load weights"):
+            layer = message.rsplit(":", 1)[0]
+            if layer in self.quiet:
+                return False
+            self.failed.append(f"layer {layer} loaded none of its weights")
+        elif message.startswith("Following weights were not loaded"):
+            self.failed.append(message)
+        return True
+
+    def __enter__(self) -> "_ReloadLog":
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+
 def _in_process(llm) -> bool:
     """Whether `llm`'s model runs in this process (engine core in-process, one uniprocess worker)."""
     from vllm.v1.engine.core_client import InprocClient
@@ -127,6 +191,7 @@ class VLLMEngine(Engine):
         self.version = 0
         self._lora = None  # the LoRARequest of the version served; None for base or full weights
         self._scratch = None  # weakref.finalize deleting the merged weights of the served version
+        self._quiet = None  # layer classes whose reload warnings are dropped (_nothing_to_load), once known
 
     def load_weights(self, version: int, fmt: str, path: str | Path) -> None:
         """Serve ``version`` from the next ``generate`` on; see the module docstring per format.
@@ -179,8 +244,15 @@ class VLLMEngine(Engine):
 
     def _reload(self, **source) -> None:
         """Replace the weights in place from `source` (``weights_path``: a safetensors checkpoint directory,
-        or ``weights_iterator``: (name, tensor) pairs); drop cached prefixes."""
-        self.llm.collective_rpc("reload_weights", kwargs=source)
+        or ``weights_iterator``: (name, tensor) pairs); drop cached prefixes. Raises RuntimeError when vLLM
+        reports a layer or a checkpoint name not loaded (see the module docstring: Reload warnings)."""
+        if self._quiet is None:
+            self._quiet = self.llm.collective_rpc(_nothing_to_load)[0] if self._in_process else set()
+        with _ReloadLog(self._quiet) as reload_log:
+            self.llm.collective_rpc("reload_weights", kwargs=source)
+        if reload_log.failed:
+            raise RuntimeError("vLLM's in-place reload left weights of the previous version in place: "
+                               + "; ".join(reload_log.failed))
         if not self._on_gpu:  # in-process on CPU (a callable RPC to a worker process would need pickle)
             self.llm.collective_rpc(_repack_tied_lm_head)
         self.llm.reset_prefix_cache()
