@@ -276,13 +276,25 @@ def learner_options_agree(cfg) -> None:
                          "(LoRA adapters are small: use fs or zmq)")
 
 
+def groups_give_advantages(cfg) -> None:
+    """A group of one completion has advantage 0 under every group-relative estimator (its reward minus its
+    own mean, distrl/core/advantages.py): such a run would train nothing and exit 0."""
+    group_relative = cfg.learner in ("grpo", "dr_grpo") or cfg.pg_baseline == "group"
+    if cfg.group_size == 1 and group_relative and not cfg.kl_coef > 0:
+        baseline = " --pg_baseline group" if cfg.learner == "pg" else ""
+        raise ValueError(f"--group_size 1 with --learner {cfg.learner}{baseline}: a group's advantages are its rewards "
+                         "minus the group's mean, all 0 with one completion a group, so nothing would be trained; "
+                         "use --group_size 2 or more, or --learner pg --pg_baseline running_mean, or a KL term "
+                         "(--kl_coef > 0)")
+
+
 @dataclass
 class TrainConfig(_Composed, _LearnerView, _BufferView, _TrainOptions, WarmStartOptions, StorageOptions,
                   SelectionOptions, TopkOptions, RolloutOptions, TaskOptions, PromptOptions, LearnOptions,
                   StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
     """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
 
-    rules = (actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree)
+    rules = (actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree, groups_give_advantages)
     places_roles = True
 
 
@@ -311,7 +323,7 @@ class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, Task
     options are read with --learner_generates.
     """
 
-    rules = (actors_exist, learners_share_the_batch, learner_options_agree)
+    rules = (actors_exist, learners_share_the_batch, learner_options_agree, groups_give_advantages)
 
 
 @dataclass

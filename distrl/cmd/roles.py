@@ -15,6 +15,7 @@ from distrl.cmd.config import TrainConfig
 from distrl.cmd.faults import write_role_file
 from distrl.core.heap import steady_heap
 from distrl.core.logs import role_logging
+from distrl.core.startup import mark, record_to
 
 
 def begin_role(run_dir: str, name: str, keys=None) -> None:
@@ -24,6 +25,8 @@ def begin_role(run_dir: str, name: str, keys=None) -> None:
 
     write_role_file(run_dir, name)
     role_logging(Path(run_dir) / "logs" / f"{name}.log")
+    record_to(run_dir, name)  # start-up marks (distrl.core.startup)
+    mark("role_started")
     steady_heap()
     use_run_keys(keys)
     if keys is not None:
@@ -79,6 +82,7 @@ class LearnerRole(_Role):
         model_dir = local_model(model_dir, run_dir)
         self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer_address,
                                    weights_bind=(bind, bind), resume=bool(cfg.resume))
+        mark("ready")
 
     def weight_addresses(self) -> tuple[str, str] | None:
         return self.parts.weight_addresses

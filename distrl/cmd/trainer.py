@@ -49,6 +49,7 @@ from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_d
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.core.security import use_run_keys
+from distrl.core.startup import mark, process_start, record_to, startup_summary
 from distrl.weights import transport
 
 log = logging.getLogger("distrl.cmd.trainer")
@@ -169,6 +170,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
         plan.role_cfg["buffer0"], str(run_dir),
         plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys)  # learner 0's node
     run.buffer_address = ray.get(run.buffer.address.remote())
+    mark("buffer_ready")
     run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
     run.buffer_ref = run.buffer.serve.remote()
     run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
@@ -184,6 +186,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     if cfg.engine == "vllm":
         late = ActorEndpoints(run.buffer_address, *ray.get(run.weights))
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
+    mark("actors_created")
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
                       plan.role_cfg[f"actor{i}"], i, late, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
                   for i in range(cfg.number_of_actors)]
@@ -277,6 +280,10 @@ def train(cfg: TrainConfig) -> dict:
     began = time.time()  # the whole command, warm start included (report's wall_s)
     cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
+    record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
+    mark("launch", process_start())
+    mark("train", began)
+    mark("ray_started")
     start, run = time.time(), _Run()
     try:
         cfg = _place(cfg, run_dir, model_dir, run)
@@ -312,6 +319,7 @@ def train(cfg: TrainConfig) -> dict:
         _stop(run, owns_ray)
     summary = _summary(run_dir, began, start, run.gpu_ids, learner_results, actor_results, buffer_stats, logged)
     summary["hosts"], summary["authenticated"] = run.hosts, run.plan.keys is not None
+    summary["startup"] = startup_summary(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _print_summary(summary)
     summary.update(write_report(run_dir, summary))  # curve.png, table, summary.json; last stdout line: JSON

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 import torch
 
 from distrl.core.metrics import Metrics
+from distrl.core.startup import mark
 from distrl.learn.baseline import RunningMeanBaseline
 from distrl.learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack, widest_first
 from distrl.learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -121,6 +122,7 @@ class Learner:
                                  cfg.seed, finetune=cfg.finetune, backend=cfg.backend,
                                  target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit)
         self.body, self.head = body_and_head(self.model)
+        mark("model_loaded")  # start-up marks (distrl.core.startup)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device = self.params[0].device
         if cfg.learner_pack_tokens and cfg.backend == "unsloth" and self.device.type == "cuda":
@@ -325,6 +327,7 @@ class Learner:
                                     on_wait=self.while_waiting)
             wait_s = time.perf_counter() - t0
             idle_s += wait_s
+            mark("first_batch")
             if self.attest is not None:  # groups whose weight stamp does not match are not trained on
                 table = self.attest.check(table, self.version)
             t1 = time.perf_counter()
@@ -338,6 +341,7 @@ class Learner:
                 self.attest.record(self.version)
             if self.rank == 0 and (self.subscribed or self.version == self.cfg.max_steps):
                 self._publish()
+            mark("first_version")
             self._checkpoint()
             now = time.perf_counter()
             stats.update({"learner/idle_fraction": idle_s / (now - start),  # cumulative: GET waits / wall

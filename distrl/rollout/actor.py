@@ -26,6 +26,7 @@ import pyarrow as pa
 from distrl.core.advantages import group_advantages
 from distrl.core.metrics import Metrics
 from distrl.core.rows import table_from_rows
+from distrl.core.startup import mark
 from distrl.rollout.config import TaskOptions
 from distrl.rollout.engines.base import PromptResult
 from distrl.rollout.prompt_fit import LongPrompts, prompt_limit
@@ -95,9 +96,12 @@ class RolloutActor:
                                  gpu_memory_utilization=cfg.gpu_memory_utilization)
             self.inflight_update = cfg.inflight_update
         self.engine = engine
+        mark("engine_ready")  # start-up marks (distrl.core.startup)
         engine.warm_up()  # compiles now (CUDA), while distrl train's learners load, not in the first rollouts
+        mark("engine_warm")
         if callable(endpoints):  # distrl train: the learner's weight endpoints, known once it is up
             endpoints = endpoints()
+        mark("learner_endpoints")
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
         self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=cfg.long_prompts,
                                         limit=prompt_limit(cfg.max_model_len, cfg.max_new_tokens, engine.max_model_len),

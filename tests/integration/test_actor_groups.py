@@ -73,6 +73,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
     groups generated again at 1."""
     sharp = scaled_model(build_tiny_model(stack["tmp"] / "tiny", seed=2), stack["tmp"] / "sharp", 2.0)
     cfg = TrainConfig(model=str(sharp), task="half_vocab", engine="hf", inflight_update=mode, group_size=1,
+                      learner="pg", pg_baseline="running_mean",  # a group of 1 under a group baseline is refused
                       batch_size=4, topk=1, max_new_tokens=24, max_num_seqs=2, run_name="t",
                       log_dir=str(stack["tmp"]))
     actor = RolloutActor(cfg, 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))

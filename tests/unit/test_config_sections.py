@@ -80,3 +80,33 @@ def test_cross_section_rules_hold_where_both_sections_are():
 def test_no_config_module_over_400_lines():
     sizes = {name: len((ROOT / name).read_text().splitlines()) for name in CONFIG_MODULES}
     assert max(sizes.values()) <= 400, sizes
+
+
+GROUP_OF_ONE = "--group_size 1 with --learner {}: a group's advantages are its rewards minus the group's mean"
+
+
+@pytest.mark.parametrize("command,flags,named", [
+    ("train", [], "grpo"),
+    ("train", ["--learner", "dr_grpo"], "dr_grpo"),
+    ("learn", ["--learner", "pg"], "pg --pg_baseline group"),
+])
+def test_group_of_one_with_group_relative_advantages_is_refused_by_the_cli(tmp_path, command, flags, named):
+    """Issue 40: every advantage is 0 with one completion a group; the run trained nothing and exited 0."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "distrl", command, "--group_size", "1", *flags,
+                           "--log_dir", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    message = " ".join(line.strip(" │") for line in done.stderr.splitlines())  # tyro's box, unwrapped
+    assert done.returncode == 2, done.stderr
+    assert " ".join(GROUP_OF_ONE.format(named).split()) in " ".join(message.split())
+    assert "use --group_size 2 or more" in message and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kwargs", [dict(learner="pg", pg_baseline="running_mean"), dict(kl_coef=0.01),
+                                    dict(learner="dr_grpo", kl_coef=0.1), dict(group_size=2)])
+def test_group_of_one_is_allowed_with_a_baseline_that_is_not_the_group(kwargs):
+    kwargs = {"group_size": 1, **kwargs}
+    for cls in (TrainConfig, LearnConfig):
+        assert cls(**kwargs).group_size == kwargs["group_size"]
+    assert RolloutConfig(group_size=1).group_size == 1  # an actor alone has no loss to judge
