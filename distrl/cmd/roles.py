@@ -46,12 +46,13 @@ class _Role:
 class BufferRole(_Role):
     """The buffer's Ray actor: a BufferServer on this node's --host; `serve` runs until SHUTDOWN."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None, keys=None):
+    def __init__(self, cfg: TrainConfig, run_dir: str, resume_version: int | None = None, keys=None,
+                 replica: str | None = None):
         from distrl.buffer.assemble import build_buffer
 
         begin_role(run_dir, "buffer0", keys)
         self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
-                                   resume_version=resume_version, role="distrl train's buffer0")
+                                   resume_version=resume_version, role="distrl train's buffer0", replica=replica)
 
     def address(self) -> str:
         return self.server.address

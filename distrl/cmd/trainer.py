@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from distrl.cmd.actor_runs import ActorRuns
+from distrl.cmd.buffer_log import close_replica, prepare_buffer_log
 from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.console import start_console
 from distrl.cmd.faults import (
@@ -165,10 +166,12 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     plan = run.plan
     BufferRole, LearnerRole, RolloutRole = ray_roles()
     # one malloc arena from the process start: received messages then use the prefaulted heap (distrl.buffer.memory)
+    replica = prepare_buffer_log(cfg, run_dir, plan)  # buffer0 on a node apart: its log's replica here
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
         plan.role_cfg["buffer0"], str(run_dir),
-        plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys)  # learner 0's node
+        plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys,  # learner 0's node
+        replica)
     run.buffer_address = ray.get(run.buffer.address.remote())
     mark("buffer_ready")
     run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
@@ -266,6 +269,7 @@ def _stop(run: _Run, owns_ray: bool) -> None:
         run.placement.release()
     if owns_ray:
         ray.shutdown()
+    close_replica(run.plan)  # once the buffer is gone: its last records are in
     use_run_keys(None)
 
 
