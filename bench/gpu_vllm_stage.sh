@@ -21,6 +21,8 @@
 #                                 hf,continuous; none) --versions N (default 15) --distrl_flags FLAGS (commas: spaces;
 #                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+#   su[:CASES[:STEPS]]            bench.startup run --cases CASES (default hf:cold,hf:warm,vllm:cold,vllm:warm)
+#                                 --max_steps STEPS (default 2): start-up phases, cold and warm compile caches
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
 #   learner[:VARIANTS[:PROMPT:NEW[:MIN[:0.5b]]]] bench.gpu_pipeline --cases mfu on SmolLM2 (the .gguf; 0.5b: the
 #                                 random Qwen2.5-0.5B): the learner step of --mfu_variants VARIANTS (default
@@ -123,6 +125,8 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 "${variants[@]}" ;;
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
+    su) step "$k-startup" bash "$0" env-run python3 -m bench.startup run --model "$model" --out "$g/su$k" \
+          --work "/tmp/startup$k" --cases "${a:-hf:cold,hf:warm,vllm:cold,vllm:warm}" --max_steps "${b:-2}" ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
     learner) local variants=${a:-defaults,defaults+compile} min=${d%%:*} arch=${d#*:} src=(--model "$model")
           [ "$arch" = "$d" ] && arch=; [ "$arch" = 0.5b ] && src=(--arch qwen2.5-0.5b --tokenizer "$pack/qwen2.5")
@@ -171,7 +175,7 @@ case "$mode" in
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
       $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs \
-        vs_trl*/*/tb 2>/dev/null) || true
+        vs_trl*/*/tb startup*/*/logs startup*/*/summary.json 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack "${2:-}" ;;

@@ -138,6 +138,8 @@ def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: P
         after, total = recompiles([out / f"{name}.log", run_dir / "logs", Path(ray_tmp)], timed["measured_from_wall"])
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    summary = run_dir / "summary.json"  # its start-up phases (distrl.core.startup)
+    startup = json.loads(summary.read_text()).get("startup", {}).get("phases_s") if summary.is_file() else None
     n, wall = timed["versions"], sum(timed["times"])
     steps = set(range(args.warmup + 1, args.warmup + n + 1))
     tokens = sum(v for _, s, v in scalars(run_dir / "tb" / "learner0").get("learner/completion_tokens", [])
@@ -145,7 +147,8 @@ def distrl_side(args, flags: str, index: int, model_dir: str, work: Path, out: P
     return rates(name, how, n, wall, tokens, args) | {
         "command": " ".join(cmd[2:]), "split_s": timed["split_s"], "version_s_median": timed["version_s_median"],
         "startup_s": round(timed["first_version_wall"] - started, 1), "recompiles_after_warmup": after,
-        "recompiles": total, "graph_captures_after_warmup": timed["graph_captures_after_warmup"]}
+        "recompiles": total, "graph_captures_after_warmup": timed["graph_captures_after_warmup"],
+        "startup_phases_s": startup}
 
 
 def rates(side: str, how: str, steps: int, wall: float, tokens: float, args) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 from distrl.cmd.assemble import build_actor, build_learner, resolve_model, set_torch_threads
 from distrl.cmd.config import LearnConfig, RolloutConfig, TrainConfig
 from distrl.cmd.faults import read_role_file, write_role_file
+from distrl.cmd.stacks import needed, probe_here, settle_stacks
 from distrl.core.heap import steady_heap
 from distrl.core.logs import setup_logging
 
@@ -35,6 +36,7 @@ def run_learn(cfg: LearnConfig) -> dict:
     then serves the final version until every actor asked for it (distrl.cmd.assemble.AssembledLearner.close)."""
     from distrl.learn.learner import init_distributed_from_env
 
+    cfg = settle_stacks(cfg, probe_here(needed(cfg, actors=False)), "learn")  # before the role imports them
     rank, world, _ = init_distributed_from_env()
     if world != cfg.number_of_learners:
         raise ValueError(f"--number_of_learners {cfg.number_of_learners} but WORLD_SIZE is {world}: start "
@@ -55,6 +57,7 @@ def run_rollout(cfg: RolloutConfig) -> dict:
     """Run one rollout actor until the buffer says stop. Started again in the same run directory (its
     role file is there) it rejoins: fresh sampling seeds, the latest weights (docs/faults.md). With --join
     it uses the run's CURVE keys (if any) and takes the fresh actor id the buffer hands out (distrl.cmd.join)."""
+    cfg = settle_stacks(cfg, probe_here(needed(cfg, learners=False)), "rollout")  # before the role imports them
     if cfg.join is not None:
         from distrl.cmd.join import join_actor_id, join_keys
         from distrl.core.security import use_run_keys

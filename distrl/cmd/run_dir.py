@@ -23,19 +23,28 @@ def prepare_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
     return run_dir, resolve_model(cfg.model, run_dir, cfg.seed)
 
 
-def resume_run_dir(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
-    """`--resume <run_dir>`: the run's saved config with this command's --max_steps (and resume set).
-
-    Returns (config, run_dir, model_dir). Raises FileNotFoundError if the directory holds no config.json.
-    """
+def resumed_config(cfg: TrainConfig) -> TrainConfig:
+    """`--resume <run_dir>`: the run's saved config with this command's --max_steps (and resume set); writes
+    nothing. A backend saved as "unsloth" resumes as "auto" (runs before --backend auto stored Unsloth, the
+    default then, whether or not it worked on this host). Raises FileNotFoundError if the directory holds no
+    config.json."""
     run_dir = Path(cfg.resume).resolve()
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--resume {run_dir}: no config.json there (not a distrl run directory)")
     saved = json.loads((run_dir / "config.json").read_text())
     saved.update(max_steps=cfg.max_steps, resume=str(run_dir), log_dir=str(run_dir.parent), run_name=run_dir.name)
-    resumed = TrainConfig(**saved)
-    (run_dir / "config.json").write_text(resumed.to_json())
-    return resumed, run_dir, base_model_dir(run_dir, resumed.model)
+    if saved.get("backend") == "unsloth":
+        saved["backend"] = "auto"
+    return TrainConfig(**saved)
+
+
+def resume_run_dir(cfg: TrainConfig) -> tuple[Path, str]:
+    """Write a resumed run's config (:func:`resumed_config`, settled) into its directory.
+
+    Returns (run_dir, model_dir)."""
+    run_dir = cfg.run_dir
+    (run_dir / "config.json").write_text(cfg.to_json())
+    return run_dir, base_model_dir(run_dir, cfg.model)
 
 
 def base_model_dir(run_dir: str | Path, model: str) -> str:

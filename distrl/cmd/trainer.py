@@ -46,7 +46,8 @@ from distrl.cmd.join import joined_actors, write_train_join_file
 from distrl.cmd.placement import reserve
 from distrl.cmd.report import write_report
 from distrl.cmd.roles import learner_endpoints, ray_roles
-from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_dir
+from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_dir, resumed_config
+from distrl.cmd.stacks import needed, probe_here, probe_on_nodes, settle_stacks
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.core.security import use_run_keys
@@ -135,7 +136,7 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
     """The run directory (new or resumed), driver logging, the warm start, Ray; returns
     ``(cfg, run_dir, model_dir, owns_ray)``. A new run's directory is removed if this fails."""
     if cfg.resume:
-        cfg, run_dir, model_dir = resume_run_dir(cfg)
+        run_dir, model_dir = resume_run_dir(cfg)
     else:
         run_dir, model_dir = prepare_run_dir(cfg)
     if transport(cfg.weights_transport).needs_broadcast_port:  # its group meets on a free port of this host
@@ -208,12 +209,15 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
     run.learner_refs = [lr.run.remote() for lr in run.learners]
 
 
-def _place(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> TrainConfig:
+def _place(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run, probe_nodes: bool) -> TrainConfig:
     """Reserve the roles' placement and plan what each node needs (distrl.cmd.nodes); returns the config
-    with its weight transport settled. Raises PreflightError for a flag the placement makes unworkable."""
+    with its weight transport settled and, with ``probe_nodes``, its stacks settled by probes on the roles'
+    nodes (distrl.cmd.stacks). Raises PreflightError for a flag the placement makes unworkable."""
     from distrl.cmd.nodes import plan_nodes
 
     run.placement = reserve(cfg)
+    if probe_nodes:  # a cluster joined or started before: each role's own node says what imports there
+        cfg = settle_stacks(cfg, probe_on_nodes(needed(cfg), run.placement.nodes))
     run.plan = plan_nodes(cfg, run_dir, model_dir, run.placement)
     use_run_keys(run.plan.keys)  # the driver's own buffer clients (shutdown, watchdog, live view, early end)
     log.info("endpoints: %s", "CURVE with this run's keys (--no_auth: plain TCP)" if run.plan.keys else "plain TCP")
@@ -282,6 +286,16 @@ def train(cfg: TrainConfig) -> dict:
     from distrl.core.buffer_client import BufferClient
 
     began = time.time()  # the whole command, warm start included (report's wall_s)
+    if cfg.resume:
+        cfg = resumed_config(cfg)
+        if checkpoint_version(cfg.run_dir) >= cfg.max_steps:  # nothing started, no file changed
+            done = checkpoint_version(cfg.run_dir)
+            print(f"distrl train: nothing to do: run finished at version {done} (--max_steps {cfg.max_steps}); "
+                  f"pass a larger --max_steps to train on", flush=True)
+            return {"run_dir": str(cfg.run_dir), "versions": done, "nothing_to_do": True}
+    here = not cfg.ray_address and not ray.is_initialized()
+    if here:  # every role on this host: probe before Ray starts (a ray cluster's nodes: in _place)
+        cfg = settle_stacks(cfg, probe_here(needed(cfg)))
     cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
     record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
@@ -290,7 +304,7 @@ def train(cfg: TrainConfig) -> dict:
     mark("ray_started")
     start, run = time.time(), _Run()
     try:
-        cfg = _place(cfg, run_dir, model_dir, run)
+        cfg = _place(cfg, run_dir, model_dir, run, probe_nodes=not here)
         _start_roles(cfg, run_dir, model_dir, run)
         run.watchdog, watch = watch_roles(cfg, run_dir, run.buffer_address, run.handles(), lambda: _running(run))
         watch = _with_gathering(watch, run.plan.gatherer)

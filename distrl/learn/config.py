@@ -155,9 +155,12 @@ class LearnOptions:
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj")
     """Module names that get a LoRA adapter (every attention and MLP projection)."""
-    backend: Literal["unsloth", "hf"] = "unsloth"
-    """Learner model code: `unsloth` (FastLanguageModel; its CPU fallback without a GPU) or `hf`
-    (transformers + peft)."""
+    backend: Literal["auto", "unsloth", "hf"] = "auto"
+    """Learner model code: `unsloth` (FastLanguageModel; its CPU fallback without a GPU), `hf` (transformers +
+    peft), or `auto`: unsloth where importing it works on the learner's node, else hf with one line saying why.
+    Unsloth's import is first tried in a child process (it can kill a process, e.g. by SIGILL on a CPU without
+    AVX-512); an explicit `unsloth` that fails there stops the run (exit 2). The run's config.json keeps the
+    backend it settled on."""
     load_in_4bit: bool = False
     """QLoRA: load the base weights in 4 bits (Unsloth + bitsandbytes; needs an NVIDIA GPU and --finetune lora)."""
     checkpoint_every: int = 10
@@ -216,9 +219,9 @@ class LearnOptions:
             raise ValueError(f"--lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if self.finetune == "lora" and not self.lora_target_modules:
             raise ValueError("--lora_target_modules must name at least one module with --finetune lora")
-        if self.load_in_4bit and (self.finetune != "lora" or self.backend != "unsloth"):
+        if self.load_in_4bit and (self.finetune != "lora" or self.backend == "hf"):
             raise ValueError(f"--load_in_4bit is QLoRA through Unsloth: it needs --finetune lora and --backend "
-                             f"unsloth, got --finetune {self.finetune} --backend {self.backend}")
+                             f"unsloth (or auto), got --finetune {self.finetune} --backend {self.backend}")
         if self.export_final not in ("merged", "adapter", "off"):
             raise ValueError(f"--export_final must be one of merged, adapter, off, got {self.export_final!r}")
         if self.export_final == "adapter" and self.finetune != "lora":

@@ -59,6 +59,7 @@ from distrl.learn.model import (
     frozen_reference,
     load_policy,
     reference_context,
+    settle_backend,
 )
 from distrl.learn.optim import build_optimizer
 from distrl.learn.quarantine import LearnerAttestation
@@ -118,14 +119,15 @@ class Learner:
 
         self.cfg, self.rank, self.world_size, self.model_dir = cfg, rank, world_size, model_dir
         torch.manual_seed(cfg.seed)
+        backend = settle_backend(cfg.backend, cfg.load_in_4bit)  # the commands settled it: a cached probe here
         self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len or 2048,
-                                 cfg.seed, finetune=cfg.finetune, backend=cfg.backend,
+                                 cfg.seed, finetune=cfg.finetune, backend=backend,
                                  target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit)
         self.body, self.head = body_and_head(self.model)
         mark("model_loaded")  # start-up marks (distrl.core.startup)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device = self.params[0].device
-        if cfg.learner_pack_tokens and cfg.backend == "unsloth" and self.device.type == "cuda":
+        if cfg.learner_pack_tokens and backend == "unsloth" and self.device.type == "cuda":
             raise ValueError("--learner_pack_tokens needs --backend hf on a GPU: Unsloth's own attention "
                              "does not split packed rows at position-id restarts")
         if cfg.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)

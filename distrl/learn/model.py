@@ -1,9 +1,10 @@
 """Policy loading for the learner: LoRA or full fine-tuning, through Unsloth or transformers + peft.
 
 - ``backend="unsloth"``: Unsloth's ``FastLanguageModel`` (on a machine without a GPU its CPU fallback,
-  which is transformers + peft underneath). If Unsloth does not import, the hf path is used with a
-  warning.
+  which is transformers + peft underneath), imported only after a crash-safe probe of its import chain on
+  this host (:func:`settle_backend`, :mod:`distrl.core.probe`).
 - ``backend="hf"``: ``AutoModelForCausalLM`` + peft's ``get_peft_model``.
+- ``backend="auto"``: ``unsloth`` where the probe finds it usable, else ``hf`` (one warning says why).
 - ``finetune="lora"``: a fresh LoRA adapter (B = 0, so version 0 equals the base model) on
   ``target_modules`` (default: every attention and MLP projection, so vLLM can serve the adapter as a
   ``LoRARequest``). ``load_in_4bit`` loads the frozen base in 4 bits (QLoRA; Unsloth + bitsandbytes on
@@ -29,24 +30,28 @@ from typing import Optional, Sequence
 import torch
 
 from distrl.core.dtypes import resolve_dtype
+from distrl.core.probe import backend_stacks, load, probe
 
 log = logging.getLogger("distrl.learner")
 
+BACKENDS = ("auto", "unsloth", "hf")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def load_policy(model: str, dtype: str, lora_rank: int = 16, lora_alpha: int = 32, max_seq_length: int = 2048,
-                seed: int = 0, *, finetune: str = "lora", backend: str = "unsloth",
+                seed: int = 0, *, finetune: str = "lora", backend: str = "auto",
                 target_modules: Optional[Sequence[str]] = None, load_in_4bit: bool = False):
     """Load the policy to train.
 
     Returns a PEFT model (``finetune="lora"``) or a plain causal LM whose parameters all require grad
     (``"full"``). Raises ValueError on an unknown ``finetune``/``backend`` or on 4-bit without LoRA and
-    Unsloth, RuntimeError for ``load_in_4bit`` on a machine without CUDA or without Unsloth.
+    Unsloth, RuntimeError for ``load_in_4bit`` on a machine without CUDA, and for an Unsloth that its probe
+    finds unusable here (:func:`settle_backend`).
     """
-    if finetune not in ("lora", "full") or backend not in ("unsloth", "hf"):
-        raise ValueError(f"finetune must be lora|full and backend unsloth|hf, got {finetune!r}, {backend!r}")
-    if load_in_4bit and (finetune != "lora" or backend != "unsloth"):
+    if finetune not in ("lora", "full") or backend not in BACKENDS:
+        raise ValueError(f"finetune must be lora|full and backend one of {'|'.join(BACKENDS)}, got {finetune!r}, "
+                         f"{backend!r}")
+    if load_in_4bit and (finetune != "lora" or backend == "hf"):
         raise ValueError("--load_in_4bit (QLoRA) needs --finetune lora and --backend unsloth")
     if load_in_4bit and not torch.cuda.is_available():
         raise RuntimeError("--load_in_4bit needs an NVIDIA GPU (4-bit QLoRA runs bitsandbytes kernels through "
@@ -55,17 +60,30 @@ def load_policy(model: str, dtype: str, lora_rank: int = 16, lora_alpha: int = 3
     targets = list(target_modules or LORA_TARGETS)
     torch_dtype = resolve_dtype(dtype)
     torch.manual_seed(seed)
-    if backend == "unsloth":
-        try:
-            from unsloth import FastLanguageModel
-        except ImportError as exc:
-            if load_in_4bit:
-                raise RuntimeError(f"--load_in_4bit needs Unsloth, which does not import: {exc}") from exc
-            log.warning("unsloth unavailable (%s): loading with transformers + peft", exc)
-        else:
-            return _load_unsloth(FastLanguageModel, model, torch_dtype, finetune, lora_rank, lora_alpha, targets,
-                                 load_in_4bit, max_seq_length, seed)
+    if settle_backend(backend, load_in_4bit) == "unsloth":
+        return _load_unsloth(load("unsloth"), model, torch_dtype, finetune, lora_rank, lora_alpha, targets,
+                             load_in_4bit, max_seq_length, seed)
     return _load_hf(model, torch_dtype, finetune, lora_rank, lora_alpha, targets)
+
+
+def settle_backend(backend: str, load_in_4bit: bool = False) -> str:
+    """The learner's model code for ``backend``: ``hf`` as is; ``unsloth`` or ``auto`` after a crash-safe probe of
+    Unsloth's import chain on this host (:func:`distrl.core.probe.probe`: a child process, cached per environment
+    and host; the commands probe before any role starts, so here it is normally the cached answer).
+
+    ``auto`` without 4-bit falls back to ``hf`` with a warning naming why. Raises RuntimeError, with the probe's
+    reason, when an explicit ``unsloth`` or 4-bit QLoRA (which needs it) is unusable here: importing it in this
+    process could kill it (SIGILL, no except catches that)."""
+    if backend == "hf":
+        return "hf"
+    failed = next((p for p in map(probe, backend_stacks(load_in_4bit)) if not p.ok), None)
+    if failed is None:
+        return "unsloth"
+    if backend == "unsloth" or load_in_4bit:
+        raise RuntimeError(f"{failed.line()}: use --backend hf (transformers + peft)"
+                           + (", without --load_in_4bit" if load_in_4bit else ""))
+    log.warning("%s; using --backend hf", failed.line())
+    return "hf"
 
 
 def _load_unsloth(fast, model, torch_dtype, finetune, lora_rank, lora_alpha, targets, load_in_4bit,

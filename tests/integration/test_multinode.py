@@ -6,6 +6,10 @@ a private mount namespace (``unshare -m``) with a tmpfs over its Ray temp dir, o
 over the ``--model`` directory: what a role on node 2 writes there is invisible on node 1, and node 1's
 model and run directory are invisible on node 2, as on two machines without a shared filesystem.
 
+Node 1's Python processes find a stand-in ``unsloth`` package first on their path (under the log directory, which
+node 2 does not see) that kills its importer by SIGILL, as the real one does on a CPU without AVX-512: the
+learners on node 1 fall back to --backend hf after the probe on their node (distrl/cmd/stacks.py).
+
 Each cluster has its own temp dirs and ports (other Ray clusters on this machine are left alone); the
 fixture ends it by the pids of the processes whose command line names its temp dirs (never `ray stop`).
 """
@@ -23,6 +27,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from distrl.core.probe import sigill_hint
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -84,16 +90,20 @@ class Cluster:
         self.log_dir, self.model_dir = base / "runs", base / "model"
         for d in (self.temp1, self.temp2, self.log_dir, self.model_dir):
             d.mkdir(parents=True, exist_ok=True)
+        from tests.unit.test_probe import SIGILL_INIT, stand_in
+
+        self.env = {**ENV, "PYTHONPATH": str(stand_in(self.log_dir / "sigill", SIGILL_INIT)),
+                    "DISTRL_CACHE_DIR": str(base / "cache")}  # node 2: no such directory there
 
     def start(self) -> None:
         common = ["--num-cpus", "2", "--disable-usage-stats"]
         subprocess.run([RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
                         "--temp-dir", str(self.temp1), "--include-dashboard", "false", *common],
-                       env={**ENV, **HEAD_ENV}, check=True, capture_output=True, timeout=120)
+                       env={**self.env, **HEAD_ENV}, check=True, capture_output=True, timeout=120)
         hidden = " && ".join(f"mount -t tmpfs tmpfs {d}" for d in (self.temp2, self.log_dir, self.model_dir))
         node2 = (f"{RAY} start --address {self.address} --node-ip-address {NODE2} --temp-dir {self.temp2} "
                  f"{' '.join(common)} --resources '{{\"node2\": 2}}'")
-        subprocess.run(["unshare", "-m", "bash", "-c", f"{hidden} && {node2}"], env=ENV, check=True,
+        subprocess.run(["unshare", "-m", "bash", "-c", f"{hidden} && {node2}"], env=self.env, check=True,
                        capture_output=True, timeout=120)
         for _ in range(100):
             addresses = self._alive_nodes()
@@ -161,6 +171,11 @@ def test_actors_on_node2_buffer_and_learner_on_node1(cluster):
     for role in ("buffer0", "learner0", "actor0", "actor1"):  # each got the run's keys through Ray
         assert f"{role}: CURVE on" in (run_dir / "logs" / f"{role}.log").read_text(), role
     assert json.loads((run_dir / "config.json").read_text())["weights_transport"] == "zmq"  # chosen: no shared fs
+    # the learner's node (1) was probed in a Ray task there: its stand-in unsloth died, so --backend auto chose hf
+    fallback = (f"distrl train: unsloth unusable on {socket.gethostname()} ({node1}) (SIGILL importing unsloth: "
+                f"{sigill_hint()}); using --backend hf")
+    assert proc.stderr.splitlines().count(fallback) == 1, proc.stderr[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["backend"] == "hf"
     for role in ("driver", "buffer0", "learner0", "actor0", "actor1"):
         assert (run_dir / "logs" / f"{role}.log").stat().st_size > 0, role
     for role in ("learner0", "actor0", "actor1"):
@@ -183,6 +198,17 @@ def test_fs_transport_across_nodes_is_refused(cluster):
     assert len(errors) == 1 and "--weights_transport: fs reads" in errors[0] and NODE2 in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (cluster.log_dir / "fs-refused").exists()  # nothing started: the corrected command can reuse the name
+
+
+def test_explicit_unsloth_unusable_on_the_learners_node_is_refused(cluster):
+    """--backend unsloth with the learner on node 1, whose Unsloth dies by SIGILL: exit 2 naming that node, before
+    any role starts."""
+    proc = distrl_train(cluster, "unsloth-refused", "--max_steps", "2", "--backend", "unsloth")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith("distrl train: error: --backend: unsloth: unsloth unusable on "
+                                                     f"{socket.gethostname()} ({cluster.node1}) (SIGILL"), errors
+    assert "Traceback" not in proc.stderr and not (cluster.log_dir / "unsloth-refused").exists()
 
 
 def test_node_loss_costs_only_its_in_flight_groups(cluster):

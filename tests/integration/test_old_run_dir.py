@@ -40,7 +40,7 @@ def copy_fixture(tmp_path: Path) -> Path:
 def test_old_run_dir_resumes_from_its_checkpoint(tmp_path):
     """`distrl train --resume` continues the 944c626 run from its checkpoint v3 to version 5."""
     run_dir = copy_fixture(tmp_path)
-    distrl("train", "--resume", str(run_dir), "--max_steps", "5")
+    proc = distrl("train", "--resume", str(run_dir), "--max_steps", "5")
     assert json.loads((run_dir / "summary.json").read_text())["versions"] == 5
     assert sorted(scalars(run_dir, "learner0", "learner/policy_version")) == [4, 5]  # only the new versions
     learner_log = (run_dir / "logs" / "learner0.log").read_text()
@@ -48,6 +48,22 @@ def test_old_run_dir_resumes_from_its_checkpoint(tmp_path):
     buffer_log = (run_dir / "logs" / "buffer0.log").read_text()
     assert "'groups': 16, 'held': 4, 'consumed': 12" in buffer_log  # the old segment and consumption logs
     assert (run_dir / "ckpt" / "v000005" / "state.json").is_file()
+    # it stored "unsloth", the default then: resumed as --backend auto, settled by the probe on this host
+    settled = json.loads((run_dir / "config.json").read_text())["backend"]
+    fell_back = "unsloth unusable on" in proc.stderr
+    assert settled == ("hf" if fell_back else "unsloth"), (settled, proc.stderr[-2000:])
+
+
+def test_resume_of_a_finished_run_starts_nothing_and_changes_no_file(tmp_path):
+    """The run finished at version 3: `--resume` with --max_steps 2 (or 3) says so, exits 0, writes nothing."""
+    run_dir = copy_fixture(tmp_path)
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    for max_steps in ("2", "3"):
+        proc = distrl("train", "--resume", str(run_dir), "--max_steps", max_steps)
+        assert proc.stdout.strip() == (f"distrl train: nothing to do: run finished at version 3 (--max_steps "
+                                       f"{max_steps}); pass a larger --max_steps to train on"), proc.stdout
+        assert "run directory" not in proc.stderr  # nothing started
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.rglob("*")) if p.is_file()} == before
 
 
 def test_old_run_dir_replays(tmp_path):

@@ -36,6 +36,8 @@ def test_smoke_times_the_distrl_side(tmp_path):
     # nothing is compiled on CPU: no recompile (TORCH_LOGS=recompiles is read from the side's logs)
     assert distrl["recompiles_after_warmup"] == 0 and distrl["recompiles"] == 0 and distrl["startup_s"] > 0
     assert math.isclose(distrl["tokens_per_s"], 5 * distrl["completions_per_s"], rel_tol=0.01)
+    phases = distrl["startup_phases_s"]  # summary.json's startup (distrl.core.startup)
+    assert 0 < phases["learner_model_load"] < phases["launch_to_first_version"] <= distrl["startup_s"] + 5
     if importlib.util.find_spec("triton") is None:
         assert len(summary["sides"]) == 1 and summary["vs_trl"] is None and summary["trl_best"] is None
     assert "distrl / fastest TRL" in proc.stdout

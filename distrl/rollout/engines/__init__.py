@@ -4,6 +4,7 @@ Importing this package is cheap: a backend imports vLLM or transformers only whe
 :func:`make_engine` lives here, above the backends, so that ``base`` imports none of them (no import cycle).
 """
 
+from distrl.core.probe import probe
 from distrl.rollout.engines.base import ENGINES, FORMATS, Completion, Engine, PromptResult
 from distrl.rollout.engines.vllm import VLLMEngine, cpu_engine_env
 
@@ -33,8 +34,13 @@ def make_engine(kind: str, model: str, tokenizer: str | None = None, dtype: str 
         gpu_memory_utilization: fraction of the GPU's memory ``vllm`` takes on CUDA (unused by ``hf``).
     Raises:
         ValueError: an unknown ``kind``.
+        RuntimeError: ``vllm`` when importing it killed or failed a child process on this host
+            (:func:`distrl.core.probe.probe`; the commands check this before any role starts).
     """
     if kind == "vllm":
+        checked = probe("vllm")  # never import what could kill this process: cached, normally passed already
+        if not checked.ok:
+            raise RuntimeError(f"{checked.line()}: use --engine hf")
         return VLLMEngine(model, tokenizer, dtype, max_lora_rank, max_model_len, seed, merge_lora=merge_lora,
                           max_num_seqs=max_num_seqs, lora=lora, gpu_memory_utilization=gpu_memory_utilization)
     if kind == "hf":
