@@ -13,7 +13,9 @@ those keys. A key no command knows is an error everywhere.
 
 Raises :class:`ConfigFileError` (a ValueError) for a missing file, another extension, a document
 that is not a mapping, a key that is not a flag of the command (naming key and file), or a value of
-another shape (a nested mapping).
+another shape (a nested mapping). Each value is checked against its field's type first (:func:`check_value`:
+`max_steps: true` names the file, the key and "an integer"; tyro's own message named neither). A string that
+reads as the number is taken for a number field: PyYAML reads `3e-4` (no dot) as a string.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 import tomllib
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 SUFFIXES = (".yaml", ".yml", ".toml")
 
@@ -54,22 +58,75 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _is_number(value: Any, kind: type) -> bool:
+    """`value` is an int (a float too for `kind` float), or a string that `kind` parses; never a bool."""
+    if isinstance(value, str):
+        try:
+            kind(value)
+        except ValueError:
+            return False
+        return True
+    return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+
+
+_SCALARS = {bool: ("true or false", lambda v: isinstance(v, bool)),
+            int: ("an integer", lambda v: _is_number(v, int)),
+            float: ("a number", lambda v: _is_number(v, float)),
+            str: ("a string", lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool))}
+_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+
+
+def _expected(hint: Any, value: Any) -> str | None:
+    """What a field of type `hint` takes, in words, when `value` does not fit it; None when it fits (or the
+    type is none of the config's: bool, int, float, str, Literal, tuple[X, ...], Optional of these)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        expected = _expected(inner, value)
+        return expected and f"{expected} or null"
+    if origin is Literal:
+        return None if value in args else "one of " + ", ".join(map(str, args))
+    if origin is tuple:  # tuple[X, ...]: a list, or one value
+        items = value if isinstance(value, list) else [value]
+        fits = all(_expected(args[0], v) is None for v in items)
+        return None if fits else f"a list of {_PLURALS.get(args[0], 'values')}"
+    if hint not in _SCALARS:
+        return None
+    name, fits = _SCALARS[hint]
+    return None if fits(value) else name
+
+
+def check_value(key: str, value: Any, hint: Any, path: str | Path) -> None:
+    """Raise ConfigFileError naming the file, the key and the expected type when `value` does not fit `hint`."""
+    expected = _expected(hint, value)
+    if expected is None:
+        return
+    shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+    quote = isinstance(value, bool) and expected.startswith(("one of", "a string"))  # `export_final: off`
+    raise ConfigFileError(f"--config {path}: key {key!r} must be {expected}, got {shown}"
+                          + (" (YAML reads unquoted on/off/yes/no as true/false: quote it)" if quote else ""))
+
+
 def flag_tokens(data: dict[str, Any], config_class: type, path: str | Path) -> list[str]:
     """Flag tokens for ``data``'s keys, checked against ``config_class``'s fields; raises ConfigFileError."""
     names = {f.name for f in dataclasses.fields(config_class)}
+    hints = typing.get_type_hints(config_class)
     tokens: list[str] = []
     for key, value in data.items():
         if key not in names or key == "config":
             raise ConfigFileError(f"--config {path}: unknown key {key!r} (not a flag of this command; "
                                   f"see --help for the flag names)")
+        if isinstance(value, dict):
+            raise ConfigFileError(f"--config {path}: key {key!r} holds a mapping; flags take plain values")
+        check_value(key, value, hints[key], path)
         if isinstance(value, bool):
             tokens.append(f"--{key}" if value else f"--no_{key}")
         elif value is None:
             tokens.append(f"--{key}=None")
         elif isinstance(value, (list, tuple)):
             tokens += [f"--{key}", *(str(v) for v in value)]
-        elif isinstance(value, dict):
-            raise ConfigFileError(f"--config {path}: key {key!r} holds a mapping; flags take plain values")
         else:
             tokens.append(f"--{key}={value}")
     return tokens

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tyro
 
@@ -114,3 +116,37 @@ def test_a_file_shared_by_the_roles_gives_each_its_own_keys(tmp_path, capsys):
     path.write_text("model: tiny\nmax_step: 5\n")
     with pytest.raises(ConfigFileError, match="unknown key 'max_step'"):
         parse(["rollout", "--config", str(path)])
+
+
+@pytest.mark.parametrize("text,message", [
+    ("max_steps: true", "key 'max_steps' must be an integer, got true"),  # tyro: "Missing value for --max_steps"
+    ("max_steps: 2.5", "key 'max_steps' must be an integer, got 2.5"),
+    ("max_steps: [1, 2]", "key 'max_steps' must be an integer, got [1, 2]"),
+    ("learning_rate: fast", "key 'learning_rate' must be a number, got 'fast'"),
+    ("filter_zero_variance: 1", "key 'filter_zero_variance' must be true or false, got 1"),
+    ("run_name: [a, b]", "key 'run_name' must be a string, got ['a', 'b']"),
+    ("learner_chunk_size: yes", "key 'learner_chunk_size' must be an integer or null, got true"),
+    ("export_final: off", "key 'export_final' must be one of merged, adapter, off, got false (YAML reads unquoted "
+                          "on/off/yes/no as true/false: quote it)"),
+    ("lora_target_modules: [q_proj, [v_proj]]",
+     "key 'lora_target_modules' must be a list of strings, got ['q_proj', ['v_proj']]"),
+])
+def test_a_value_of_the_wrong_type_names_file_key_and_type(tmp_path, capsys, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigFileError, match=f"^--config {path}: {re.escape(message)}"):
+        parse(["train", "--config", str(path)])
+    assert main(["train", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"distrl: error: --config {path}: {message}\n"  # one line
+
+
+def test_values_that_fit_their_fields_pass(tmp_path):
+    """YAML's `3e-4` (no dot) is a string: taken as the number it reads as, as typed on the command line."""
+    (tmp_path / "run.yaml").write_text("learning_rate: 3e-4\nmax_steps: '7'\nlora_target_modules: q_proj\n"
+                                       "learner_chunk_size: null\nrun_name: 2024\nexport_final: 'off'\n")
+    cfg = parse(["train", "--config", str(tmp_path / "run.yaml")])
+    assert (cfg.learning_rate, cfg.max_steps, cfg.lora_target_modules) == (3e-4, 7, ("q_proj",))
+    assert (cfg.learner_chunk_size, cfg.run_name, cfg.export_final) == (None, "2024", "off")
+    (tmp_path / "run.toml").write_text("max_steps = true\n")
+    with pytest.raises(ConfigFileError, match="run.toml: key 'max_steps' must be an integer, got true$"):
+        parse(["train", "--config", str(tmp_path / "run.toml")])
