@@ -21,7 +21,7 @@
 #                                 hf,continuous; none) --versions N (default 15) --distrl_flags FLAGS (commas: spaces;
 #                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
 #   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
-#   su[:CASES[:STEPS]]            bench.startup run --cases CASES (default hf:cold,hf:warm,vllm:cold,vllm:warm)
+#   su[:CASES[:STEPS]]            bench.startup run --cases CASES (default hf-cold,hf-warm,vllm-cold,vllm-warm)
 #                                 --max_steps STEPS (default 2): start-up phases, cold and warm compile caches
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
 #   learner[:VARIANTS[:PROMPT:NEW[:MIN[:0.5b]]]] bench.gpu_pipeline --cases mfu on SmolLM2 (the .gguf; 0.5b: the
@@ -126,7 +126,7 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
           --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
     su) step "$k-startup" bash "$0" env-run python3 -m bench.startup run --model "$model" --out "$g/su$k" \
-          --work "/tmp/startup$k" --cases "${a:-hf:cold,hf:warm,vllm:cold,vllm:warm}" --max_steps "${b:-2}" ;;
+          --work "/tmp/startup$k" --cases "${a:-hf-cold,hf-warm,vllm-cold,vllm-warm}" --max_steps "${b:-2}" ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
     learner) local variants=${a:-defaults,defaults+compile} min=${d%%:*} arch=${d#*:} src=(--model "$model")
           [ "$arch" = "$d" ] && arch=; [ "$arch" = 0.5b ] && src=(--arch qwen2.5-0.5b --tokenizer "$pack/qwen2.5")

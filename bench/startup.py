@@ -1,12 +1,13 @@
 """Where `distrl train`'s start-up goes, phase by phase, cold and warm (issue 43).
 
-Each case is ``ENGINE:cold`` or ``ENGINE:warm`` (ENGINE ``hf`` or ``vllm``): bench/real_model.py's ``distrl1``
-command (``vllm``: its ``vllm`` case, ``--engine vllm --gpu_memory_utilization 0.2``) on SmolLM2 and arith, run to
-``--max_steps`` versions (default 2). The compile caches are torch's and vLLM's own, pointed at one directory per
-engine under ``--work`` (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``): ``cold`` empties
-it first, ``warm`` reuses what the runs before it left (run a ``cold`` case of the engine first). The phases are
-the run's summary.json ``startup`` (distrl.core.startup: each mark in seconds from the launch, and the phases
-between them); ``startup_s`` = launch to the first policy version.
+Each case is ``ENGINE:cold`` or ``ENGINE:warm`` (or ``ENGINE-cold``; ENGINE ``hf`` or ``vllm``):
+bench/real_model.py's ``distrl1`` command (``vllm``: its ``vllm`` case, ``--engine vllm
+--gpu_memory_utilization 0.2``) on SmolLM2 and arith, run to ``--max_steps`` versions (default 2). The compile
+caches are torch's and vLLM's own, pointed at one directory per engine under ``--work``
+(``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``): ``cold`` empties it first, ``warm``
+reuses what the runs before it left (run a ``cold`` case of the engine first). The phases are the run's
+summary.json ``startup`` (distrl.core.startup: each mark in seconds from the launch, and the phases between
+them); ``startup_s`` = launch to the first policy version.
 
     python -m bench.startup run --model SmolLM2.gguf --cases hf:cold,hf:warm,vllm:cold,vllm:warm --out DIR
     python -m bench.startup report DIR [DIR ...] --note "machine, commit"    -> bench/results/startup.json
@@ -35,7 +36,7 @@ CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT")
 
 def case(args, name: str, out: Path, work: Path) -> dict:
     """One ``ENGINE:cold|warm`` run; its start-up marks and phases, the command and how it ended."""
-    engine, state = name.split(":")
+    engine, state = name.replace("-", ":").split(":")
     cache = work / f"cache_{engine}"
     if state == "cold":
         shutil.rmtree(cache, ignore_errors=True)
@@ -94,7 +95,7 @@ def report(dirs: list[str], note: str, path: Path = ROOT / "bench" / "results" /
         run_summary = json.loads((Path(d) / "startup.json").read_text()) | {"note": note}
         out.setdefault("runs", []).append(run_summary)
         for c in run_summary["cases"]:
-            key = "startup_s_" + c["case"].replace(":", "_")
+            key = "startup_s_" + c["case"].replace(":", "_").replace("-", "_")
             out[key] = c["startup_s"]
             out.setdefault(key + "_runs", []).append(c["startup_s"])
     path.write_text(json.dumps(out, indent=1) + "\n")
