@@ -6,7 +6,9 @@ the same ZMQ request socket every client uses: no new protocol), and the learner
 staleness and tokens/s (from its TensorBoard events under ``<run_dir>/tb/learner0``, read
 incrementally; they reach the disk within the learner's flush interval, about 10 s, so these lag the
 version shown). The roles log to ``<run_dir>/logs/<role>.log`` only (distrl.core.logs); while the view
-stands, the driver's own log lines reach stderr from WARNING up (printed above the view).
+stands, the driver's own log lines reach stderr from WARNING up (printed above the view). One of them comes
+from here: the first time an actor's ``actor/reward_timeouts`` (``tb/actor<i>``) is above 0, a warning that
+rewards ran past their time limit and scored 0.
 
 The live view is on when stderr is a terminal and ``--console`` is left on. With ``--no_console`` or
 when stderr is not a terminal (CI, pipes), the same poll prints one plain progress line when the
@@ -21,6 +23,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+log = logging.getLogger("distrl.cmd.console")
 
 
 class LiveConsole:
@@ -49,6 +53,8 @@ class LiveConsole:
         self._thread = threading.Thread(target=self._loop, name="distrl-console", daemon=True)
         self._acc = None
         self._learner: dict[str, float] = {}
+        self._actor_accs: dict[Path, object] = {}  # tb/actor<i> -> its EventAccumulator
+        self._warned_timeouts = False
 
     def start(self) -> "LiveConsole":
         if self.live:  # the view stands alone: the driver's INFO lines go to its log file only
@@ -89,6 +95,22 @@ class LiveConsole:
             for tag in self._acc.Tags().get("scalars", []):
                 self._learner[tag] = self._acc.Scalars(tag)[-1].value
         return self._learner
+
+    def _warn_reward_timeouts(self) -> None:
+        """Once: a warning when an actor's events show a reward that ran past its time limit (it scored 0)."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        for tb in [] if self._warned_timeouts else sorted((self.run_dir / "tb").glob("actor*")):
+            acc = self._actor_accs.setdefault(tb, EventAccumulator(str(tb), size_guidance={"scalars": 1}))
+            acc.Reload()
+            count = acc.Scalars("actor/reward_timeouts")[-1].value if "actor/reward_timeouts" in \
+                acc.Tags().get("scalars", []) else 0
+            if count > 0:
+                log.warning("%s: %d rewards ran past their time limit (--reward_timeout_s, or math_verify's 5 s) "
+                            "and scored 0; TensorBoard actor/reward_timeouts counts them (logs/%s.log)",
+                            tb.name, count, tb.name)
+                self._warned_timeouts = True
+                return
 
     def render(self, stats: dict | None, learner: dict[str, float], error: str | None = None):
         """The rich Table of one refresh (`stats`: the buffer's STATS reply, or None)."""
@@ -141,8 +163,9 @@ class LiveConsole:
             self._last_tb = time.time()
             try:
                 self._learner_scalars()
+                self._warn_reward_timeouts()
             except Exception as exc:  # noqa: BLE001
-                error = f"learner events: {type(exc).__name__}: {exc}"
+                error = f"learner or actor events: {type(exc).__name__}: {exc}"
         return stats, error
 
     def _loop(self) -> None:

@@ -356,6 +356,7 @@ def _summary(run_dir: Path, began: float, start: float, gpu_ids: dict, learner_r
             "learner_generated": [_logged_groups(g, logged) for g in generated],
             "actors": [_logged_groups(a, logged) for a in actor_results], "buffer": buffer_stats,
             "long_prompts_skipped": sum((a or {}).get("long_prompts_skipped", 0) for a in actor_results + generated),
+            "reward_timeouts": sum((a or {}).get("reward_timeouts", 0) for a in actor_results + generated),
             "reward_by_version": [reward for _, reward in reward_series(run_dir)]}  # versions 1.., resumes too
 
 
@@ -389,6 +390,8 @@ def _print_summary(s: dict) -> None:
         print(f"  GPU ids: {s['gpu_ids']}")
     if s.get("long_prompts_skipped"):
         print(f"  prompts skipped as too long for --max_model_len: {s['long_prompts_skipped']}")
+    if s.get("reward_timeouts"):
+        print(f"  rewards that ran past their time limit and scored 0: {s['reward_timeouts']} (actor logs say which)")
     if rewards:
         print(f"  reward: first version {rewards[0]:.3f}, last version {rewards[-1]:.3f}")
     print(f"  run directory: {s['run_dir']}")

@@ -31,7 +31,7 @@ from distrl.rollout.config import TaskOptions
 from distrl.rollout.engines.base import PromptResult
 from distrl.rollout.prompt_fit import LongPrompts, prompt_limit
 from distrl.rollout.reward_workers import DEFAULT_WORKERS
-from distrl.rollout.rewards import UserReward, apply_truncation
+from distrl.rollout.rewards import UserReward, apply_truncation, timed_out
 from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
 from distrl.weights.attest import Stamper
 
@@ -123,6 +123,7 @@ class RolloutActor:
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
         self.weight_wait_s = 0.0  # time blocked waiting for a new enough policy version
         self.tokens = 0  # completion tokens generated
+        self.reward_timeouts = 0  # completions whose reward ran past its time limit and scored 0
         self._samples_version = -1  # last policy version whose samples were logged (actor 0)
 
     def _periodic_eval(self, heldout: list, work_dir: str):
@@ -259,6 +260,13 @@ class RolloutActor:
         completion scored in one :attr:`rewards` call (in parallel where the scorer runs child processes)."""
         items = [(c.text, c.token_ids, problems[i]) for i, result, _ in finished for c in result.completions]
         scored, at = self.rewards(items), 0
+        timeouts = timed_out(scored)
+        if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
+            limit = (f"--reward_timeout_s {self.cfg.reward_timeout_s}" if self.user_reward else
+                     f"math_verify's {self.task.verifier.timeout_s} s limit")
+            log.warning("%s: %d rewards ran past %s and scored 0 (component `timeout`); counted in TensorBoard "
+                        "actor/reward_timeouts and summary.json's reward_timeouts", self.name, timeouts, limit)
+        self.reward_timeouts += timeouts
         groups = []
         for i, result, versions in finished:
             n = len(result.completions)
@@ -314,6 +322,7 @@ class RolloutActor:
         return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
                 "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
+                "actor/reward_timeouts": self.reward_timeouts,  # cumulative, like aborted_calls
                 "actor/inflight_versions": self.version - start_version,
                 "actor/graph_captures": self.engine.graph_captures(),  # cumulative (engines' graph captures)
                 "rollout/long_prompts_skipped": self.long_prompts.skipped,
@@ -338,6 +347,7 @@ class RolloutActor:
             self._serve_skipped_eval_version()
             self._refresh_weights(reply["min_policy_version"])
             self._evaluate_if_due()
+            timeouts = self.reward_timeouts
             stats = self.step(reply["granted"])
             groups += reply["granted"]
             wall = time.perf_counter() - start
@@ -346,11 +356,13 @@ class RolloutActor:
                           "actor/weight_wait_fraction": self.weight_wait_s / wall,
                           "actor/tokens_per_s_wall": self.tokens / wall})
             self.metrics.scalars(stats, step=self.version)
+            if self.reward_timeouts > timeouts:  # on disk now, not within 10 s: distrl train's console warns
+                self.metrics.flush()
         self.metrics.close()
         log.info("%s: stopped after %d groups, last policy version %d", self.name, groups, self.version)
         return {"actor_id": self.actor_id, "groups": groups, "last_version": self.version,
                 "long_prompts_skipped": self.long_prompts.skipped,
-                "long_prompts_truncated": self.long_prompts.truncated}
+                "long_prompts_truncated": self.long_prompts.truncated, "reward_timeouts": self.reward_timeouts}
 
     def close(self) -> None:
         """Tell the buffer this actor leaves (its unused credits return at once; it may be gone already), then

@@ -94,9 +94,9 @@ class LearnerGenerator(RolloutActor):
         return True
 
     def summary(self) -> dict:
-        """``{name, actor_id, groups, generate_s, long_prompts_skipped}`` so far."""
+        """``{name, actor_id, groups, generate_s, long_prompts_skipped, reward_timeouts}`` so far."""
         return {"name": self.name, "actor_id": self.actor_id, "groups": self.groups, "generate_s": self.generate_s,
-                "long_prompts_skipped": self.long_prompts.skipped}
+                "long_prompts_skipped": self.long_prompts.skipped, "reward_timeouts": self.reward_timeouts}
 
     def close(self) -> None:
         self.metrics.close()

@@ -306,6 +306,12 @@ class UserReward:
         self._pool.close()
 
 
+def timed_out(scored: list[tuple[float, dict[str, float]]]) -> int:
+    """How many ``(reward, components)`` of `scored` timed out: component ``timeout`` 1, which :class:`MathVerifier`
+    and :class:`UserReward` set on a completion whose check or call ran past its time limit (it scored 0)."""
+    return sum(1 for _, components in scored if components.get("timeout") == 1.0)
+
+
 # ---- truncated completions (--truncation) ----------------------------------------------------------------
 
 def apply_truncation(reward: float, components: dict[str, float], finish_reason: str,

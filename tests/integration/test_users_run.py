@@ -105,3 +105,27 @@ def test_final_model_is_exported_and_loads(run_dir):
     assert set(state) == set(reference)
     for name, tensor in state.items():
         torch.testing.assert_close(tensor, reference[name], rtol=1e-6, atol=1e-6)
+
+
+def test_reward_timeouts_are_counted_and_said(tmp_path):
+    """Issue 40: a --reward that runs past --reward_timeout_s scored 0 with nothing in the console, TensorBoard or
+    summary.json. `stalls` sleeps a minute on every non-empty completion, through the actor's real worker pool."""
+    import json
+
+    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--backend", "hf", "--run_name", "stalls",
+            "--max_steps", "2", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4",
+            "--reward", f"{REWARDS}:stalls", "--reward_timeout_s", "0.5", "--reward_workers", "2",
+            "--no_console", "--log_dir", str(tmp_path)]
+    proc = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_dir = tmp_path / "stalls"
+    rows = read_segments(run_dir).to_pylist()
+    timed_out = sum(dict(r["reward_components"]).get("timeout") == 1.0 for r in rows)
+    assert timed_out > 0 and all(r["reward"] == 0.0 for r in rows if r["completion_text"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reward_timeouts"] == timed_out  # every group the actor made is in the segment log
+    assert max(e.value for e in events(run_dir, "actor0").Scalars("actor/reward_timeouts")) == timed_out
+    warnings = [line for line in (run_dir / "logs" / "actor0.log").read_text().splitlines()
+                if "ran past --reward_timeout_s 0.5 and scored 0" in line]
+    assert len(warnings) == 1 and " WARNING " in warnings[0]  # the first time only
+    assert f"rewards that ran past their time limit and scored 0: {timed_out}" in proc.stdout

@@ -12,7 +12,7 @@ import torch
 
 from distrl.cmd.config import TrainConfig
 from distrl.rollout.actor import samples_markdown
-from distrl.rollout.rewards import UserReward, apply_truncation
+from distrl.rollout.rewards import MathVerifier, UserReward, apply_truncation, timed_out
 from distrl.rollout.tasks import ArithTask, Problem
 from tests.helpers import make_group, new_buffer, shared_data
 
@@ -71,6 +71,24 @@ def test_user_reward_timeout_scores_zero_and_restarts():
         assert reward("fast", [], PROBLEM) == (1.0, {})
     finally:
         reward.close()
+
+
+def test_timeouts_of_a_user_reward_and_of_math_verify_are_counted():
+    """Issue 40: a timed-out reward scored 0 silently; timed_out (what the actor adds to actor/reward_timeouts)
+    counts them, through the real worker pools, whichever scorer timed out."""
+    reward = UserReward(f"{REWARDS}:slow", timeout_s=1.0, workers=2)
+    try:
+        scored = reward.score_many([("slow", [], PROBLEM), ("fast", [], PROBLEM), ("slow", [], PROBLEM)])
+        assert scored == [(0.0, {"timeout": 1.0}), (1.0, {}), (0.0, {"timeout": 1.0})] and timed_out(scored) == 2
+    finally:
+        reward.close()
+    verifier = MathVerifier(timeout_s=1.0)
+    try:  # sympy does not return on this answer (tests/unit/test_tasks.py)
+        scored = verifier.score_many(["\\boxed{9^{9^{9^{9}}}}", "\\boxed{5}"], ["5", "5"])
+        assert [r for r, _ in scored] == [0.0, 1.0] and timed_out(scored) == 1
+    finally:
+        verifier.close()
+    assert timed_out([(1.0, {"timeout": 0.0}), (0.5, {})]) == 0
 
 
 def test_user_reward_workers_score_a_list_in_parallel_in_order():

@@ -41,3 +41,10 @@ def dies(completion_text, problem):
         __import__("os")._exit(3)
     time.sleep(0.3)
     return float(len(completion_text))
+
+
+def stalls(completion_text, problem):
+    """Sleeps a minute on any completion but an empty one (the actor's start-up check calls it with ""): every
+    non-empty completion runs past --reward_timeout_s and scores 0."""
+    time.sleep(60 if completion_text else 0)
+    return 1.0
