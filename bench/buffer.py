@@ -26,6 +26,9 @@
    process (kept), then blocks mapped right after those were freed.
 5. The same buffer with ``--prefault_bytes 0``, side by side with the others (what the prefaulted
    heap gives in this run).
+6. The same buffer with ``--replica`` (issue 41): every commit also written and fsynced by a replica of the log
+   (``python -m distrl.buffer.replica``, another process on loopback) before its ACKs; side by side with (b)
+   in every round, ``ingest_replicated_vs_unreplicated`` is the median of the rounds' ratios.
 
 It prints a table, then one JSON object on its last line, also written to bench/results/buffer.json.
 """
@@ -314,7 +317,7 @@ def buffer_process(port: int, run_dir: str, n: int, k: int, fsync: str, *extra: 
 def run_all(a, n: int, k: int) -> dict:
     """Every measurement of the module docstring; returns seconds, bytes and latencies."""
     probe = memory_probe()  # before the servers take memory
-    ports = [free_port() for _ in range(7)]
+    ports = [free_port() for _ in range(9)]
     tmp = tempfile.mkdtemp(prefix="distrl-bench-")
     raw_args = [sys.executable, __file__, "--raw-server"]
     procs = [start([*raw_args, str(ports[0])]),
@@ -323,17 +326,20 @@ def run_all(a, n: int, k: int) -> dict:
              start([*raw_args, str(ports[3]), "--raw-mode", "hold"]),
              start([*raw_args, str(ports[4]), "--raw-mode", "hold_write", "--raw-log", f"{tmp}/raw.log"]),
              start([*raw_args, str(ports[5]), "--raw-mode", "ring"]),
-             buffer_process(ports[6], f"{tmp}/cold", n, k, "batch", "--prefault_bytes", "0")]
-    raw, buf, nosync, hold, hold_write, ring, cold = (f"tcp://127.0.0.1:{p}" for p in ports)
-    versions = dict.fromkeys((buf, nosync, cold), 0)  # each buffer's next learner version
+             buffer_process(ports[6], f"{tmp}/cold", n, k, "batch", "--prefault_bytes", "0"),
+             start([sys.executable, "-m", "distrl.buffer.replica", f"{tmp}/replica", "--address",
+                    f"tcp://127.0.0.1:{ports[8]}"]),  # the replica of the next buffer's log (issue 41)
+             buffer_process(ports[7], f"{tmp}/replicated", n, k, "batch", "--replica", f"tcp://127.0.0.1:{ports[8]}")]
+    raw, buf, nosync, hold, hold_write, ring, cold, replicated = (f"tcp://127.0.0.1:{p}" for p in ports[:8])
+    versions = dict.fromkeys((buf, nosync, cold, replicated), 0)  # each buffer's next learner version
     r = {"window": a.window, "rounds": a.rounds, "n": n, "k": k, "per_put": a.groups_per_put, "raw": [], "buffer": [],
          "never": [], "raw_hold": [], "raw_hold_write": [], "raw_ring": [], "cold": [], "raw_single": [],
-         "buffer_single": [], "cpu_raw": [],
+         "buffer_single": [], "cpu_raw": [], "replicated": [],
          "cpu_buffer": [], **probe}
     pids = {"raw": procs[0].pid, "buffer": procs[1].pid}
     try:
         # warm up (first Arrow calls import lazily): not timed
-        for address in (raw, buf, nosync, hold, hold_write, ring, cold):
+        for address in (raw, buf, nosync, hold, hold_write, ring, cold, replicated):
             pump(address, encode_puts(make_groups(8, n, 16, 16, f"warm{address}"))[0], 4)
         for i in range(a.rounds):  # interleaved, so that load from other processes hits every path alike
             groups = make_groups(2 * a.round_groups, n, completion_len=256, prompt_len=128, tag=f"r{i}-")
@@ -341,7 +347,8 @@ def run_all(a, n: int, k: int) -> dict:
             single, single_bytes = encode_puts(groups[a.round_groups:], 1)
             del groups
             for key, address in (("raw", raw), ("buffer", buf), ("never", nosync), ("raw_hold", hold),
-                                 ("raw_hold_write", hold_write), ("raw_ring", ring), ("cold", cold)):
+                                 ("raw_hold_write", hold_write), ("raw_ring", ring), ("cold", cold),
+                                 ("replicated", replicated)):
                 r[key].append(nbytes / pump(address, msgs, a.window))
             for key, address in (("raw_single", raw), ("buffer_single", buf)):
                 r[key].append(single_bytes / pump(address, single, a.window))
@@ -380,16 +387,19 @@ def run_all(a, n: int, k: int) -> dict:
 def report(r: dict, n: int) -> None:
     """Print the table and the JSON line; write bench/results/buffer.json."""
     med = {key: float(np.median(r[key])) for key in ("raw", "buffer", "never", "raw_hold", "raw_hold_write",
-                                                     "raw_ring", "cold", "raw_single", "buffer_single")}
+                                                     "raw_ring", "cold", "raw_single", "buffer_single",
+                                                     "replicated")}
     ratio = float(np.median(np.array(r["buffer"]) / np.array(r["raw"])))
     ratio_single = float(np.median(np.array(r["buffer_single"]) / np.array(r["raw_single"])))
     ratio_cold = float(np.median(np.array(r["cold"]) / np.array(r["raw"])))
+    ratio_replicated = float(np.median(np.array(r["replicated"]) / np.array(r["buffer"])))  # same round, side by side
     row_bytes = r["big_bytes"] / r["big_rows"]
     per = r["per_put"]
     lines = [(f"raw ZeroMQ, {per} groups a message", med["raw"], 1.0),
              (f"buffer --fsync batch, {per} groups a PUT", med["buffer"], ratio),
              (f"buffer --fsync never, {per} groups a PUT", med["never"], med["never"] / med["raw"]),
              ("buffer --fsync batch --prefault_bytes 0", med["cold"], ratio_cold),
+             ("buffer --fsync batch --replica (loopback)", med["replicated"], med["replicated"] / med["raw"]),
              ("raw ZeroMQ holding every message", med["raw_hold"], med["raw_hold"] / med["raw"]),
              ("raw ZeroMQ holding + appending to a file", med["raw_hold_write"], med["raw_hold_write"] / med["raw"]),
              ("raw ZeroMQ into a pre-touched 1 GiB ring", med["raw_ring"], med["raw_ring"] / med["raw"]),
@@ -417,6 +427,7 @@ def report(r: dict, n: int) -> None:
         print(f"(one extra pass of {r['prof_groups']} groups to each server, its time not counted above)")
     print(f"\nbuffer --fsync batch vs raw ZeroMQ holding + appending to a file (the same bytes kept and logged): "
           f"{med['buffer'] / med['raw_hold_write']:.2f}")
+    print(f"buffer with a replica of its log vs without (median of the rounds' ratios): {ratio_replicated:.2f}")
     print(f"memory probe: filling memory new to this process {r['fresh_memory_gb_s']:.2f} GB/s, memory just freed "
           f"{r['recycled_memory_gb_s']:.2f} GB/s (a retaining server pays the first rate for every byte it keeps)")
     print(f"\nGET of 256 groups, top-{r['k']} ({256 * r['k']} rows), fifo, from a buffer sent {r['put_rows']:,} "
@@ -440,6 +451,8 @@ def report(r: dict, n: int) -> None:
            "ingest_vs_raw_zmq_16_token_groups": round(r["buffer_small"] / r["raw_small"], 3),
            "completions_held_at_get": r["held_rows"], "window": r["window"],
            "server_cpu_us_per_put": {key: {role: round(us) for role, us in c.items()} for key, c in cpu.items()},
+           "ingest_mb_s_replicated": round(med["replicated"] / 1e6, 1),
+           "ingest_replicated_vs_unreplicated": round(ratio_replicated, 3),
            "machine": f"{os.cpu_count()} cores"}
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "buffer.json").write_text(json.dumps(out, indent=2) + "\n")

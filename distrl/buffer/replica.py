@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 LOG_PATHS = re.compile(r"segments/segment-\d{5}\.arrow|consumed\.jsonl|consumed\.rolled_back\.jsonl")
 REPLY_TIMEOUT_S = 60.0  # a replica silent this long ends the buffer: nothing is acknowledged without it
 _sync = getattr(os, "fdatasync", os.fsync)
+_FADVISE = hasattr(os, "posix_fadvise")
+RELEASE_BYTES = 1 << 20  # the files' pages are released (written back, then dropped) each time this much was written
 
 
 class ReplicaServer:
@@ -75,6 +77,7 @@ class ReplicaServer:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # what ended the serving thread, if anything did
         self.records = 0  # write requests served
+        self._unreleased = 0  # bytes written since the page cache was last released
 
     def start(self) -> "ReplicaServer":
         self._thread = threading.Thread(target=self._serve, name="buffer-replica", daemon=True)
@@ -149,6 +152,10 @@ class ReplicaServer:
             _sync(fd)
         else:
             self._dirty.add(rel)
+        self._unreleased += end - offset
+        if _FADVISE and self._unreleased >= RELEASE_BYTES:  # as the buffer's own log (segments._SyncedFile)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self._unreleased = 0
         return end
 
     def close(self) -> None:
@@ -228,8 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m distrl.buffer.replica", description=main.__doc__)
     parser.add_argument("directory", help="where the replica of the buffer's log is written")
     parser.add_argument("--address", default="tcp://127.0.0.1:0", help="where to bind (port 0: a free one)")
+    parser.add_argument("--prefault_bytes", type=int, default=256 * 2**20,
+                        help="heap written once at start so received messages reuse memory (distrl.buffer.memory)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    from distrl.buffer.memory import prefault_heap, single_arena
+
+    single_arena()  # before ZeroMQ's I/O thread: its messages come from the one prefaulted heap
+    prefault_heap(args.prefault_bytes)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
