@@ -1,12 +1,14 @@
 """The `distrl` command. Parses and validates flags before importing torch, vLLM or Ray.
 
 Each subcommand is a config dataclass (its fields are the flags, their docstrings the help) and the
-dotted path of the function that runs it, imported only after the flags are valid.
+dotted path of the function that runs it, imported only after the flags are valid. `distrl --version` prints
+the installed package's version (importlib.metadata).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import signal
 import sys
@@ -38,6 +40,9 @@ SHARED_CONFIG_FILE = ("learn", "rollout", "buffer")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `distrl <command> [flags]`; `--help` on any command lists every flag."""
     configs = {name: cls for name, (cls, _) in COMMANDS.items()}
+    if (sys.argv[1:] if argv is None else list(argv))[:1] in (["--version"], ["-V"]):
+        print(f"distrl {importlib.metadata.version('distrl')}")
+        return 0
     # no "Writing model shards" bar per published version (roles inherit it; set it to 0 to see them)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:  # --config FILE, then `rollout --join RUN`: their flags go before the command line's, so it wins

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -119,8 +120,8 @@ def dequantize(source: Path, out: Path) -> dict:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-    except (ImportError, OSError, ValueError, KeyError, RuntimeError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception as exc:  # whatever reading the user's file raises is about that file: one line naming it
+        reason = _reason(exc, source)
         raise PreflightError("--model", f"{source}: transformers cannot load this GGUF file ({reason})",
                              "give a complete GGUF of an architecture transformers supports (with the gguf "
                              "package installed: pip install gguf), or a model directory") from None
@@ -142,6 +143,14 @@ def dequantize(source: Path, out: Path) -> dict:
     log.info("dequantized %s into %s in %.1f s", source, out, seconds)
     return {"source": str(source), "eos_token": eos, "eos_token_id": tokenizer.eos_token_id, "pad_token": pad,
             "pad_token_id": tokenizer.pad_token_id, "seconds": round(seconds, 1)}
+
+
+def _reason(exc: Exception, source: Path) -> str:
+    """Why `source` did not load, in one line. transformers' GGUF reader raises struct.error (a 24-line traceback
+    before, issue 40) when the header's lengths point past the end of the file: a truncated or damaged file."""
+    if isinstance(exc, struct.error):
+        return f"its header runs past the end of the file at {source.stat().st_size:,} bytes: truncated or damaged"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def turn_end_token(tokenizer) -> str:

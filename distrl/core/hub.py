@@ -60,6 +60,21 @@ def _check_model_config(path: Path) -> None:
                              "restore the file save_pretrained wrote (or re-download the model)")
 
 
+def _check_weight_files(directory: Path) -> None:
+    """Each ``*.safetensors`` of ``directory`` has a whole header that covers the file (safetensors reads only the
+    header); a truncated or damaged one raises PreflightError naming it (a traceback in the role before)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "np"):
+                pass
+        except (SafetensorError, OSError) as exc:
+            reason = str(exc).removeprefix("Error while deserializing header: ")
+            raise PreflightError("--model", f"{path}: damaged safetensors file ({reason})",
+                                 "download the model again, or restore the file save_pretrained wrote") from None
+
+
 def check_model(value: str) -> None:
     """`--model`: ``tiny``; a directory with ``config.json`` or a ``.gguf`` file (or a ``.gguf`` file
     itself); or a hub id (in the local cache when offline). Raises PreflightError naming --model."""
@@ -79,6 +94,7 @@ def check_model(value: str) -> None:
                                  "give the directory that save_pretrained wrote (config.json + weights)")
         if path.is_dir() and (path / "config.json").is_file():
             _check_model_config(path / "config.json")
+            _check_weight_files(path)
         return
     if not _valid_hub_id(value):
         raise PreflightError("--model", f"{value}: neither a local directory nor a hub id",
