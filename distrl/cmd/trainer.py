@@ -166,8 +166,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
 
     plan = run.plan
     BufferRole, LearnerRole, RolloutRole = ray_roles()
-    # one malloc arena from the process start: received messages then use the prefaulted heap (distrl.buffer.memory)
     replica = prepare_buffer_log(cfg, run_dir, plan)  # buffer0 on a node apart: its log's replica here
+    # one malloc arena from the process start: received messages then use the prefaulted heap (distrl.buffer.memory)
     run.buffer = BufferRole.options(runtime_env={"env_vars": {"MALLOC_ARENA_MAX": "1"}},
                                     **run.placement.options("buffer0")).remote(
         plan.role_cfg["buffer0"], str(run_dir),
