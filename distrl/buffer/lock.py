@@ -1,8 +1,8 @@
 """One buffer per run directory: an OS lock (``fcntl.flock``) on ``<run_dir>/buffer.lock``, held while a buffer
 (or the replica of its log, :mod:`distrl.buffer.replica`) writes there.
 
-Two buffers on one run directory would both hand out the same groups and interleave ``consumed.jsonl``
-(issue 41). The lock belongs to the open file, so the kernel releases it when the holding process ends,
+Two buffers on one run directory would both hand out the same groups and interleave ``consumed.jsonl``.
+The lock belongs to the open file, so the kernel releases it when the holding process ends,
 however it ends (SIGKILL included): a lock file left behind by a crash never blocks a ``--resume``. The
 holder writes ``{"pid", "host", "role", "started"}`` into the file, so a refused second buffer says who
 holds it. ``flock`` is local to one host's kernel (and not reliable over NFS): a buffer on another node

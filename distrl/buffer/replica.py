@@ -1,7 +1,7 @@
 """The replica of the buffer's log: a second copy, on another node, of ``segments/`` and ``consumed.jsonl``.
 
-A group is acknowledged only once its segment record is in the buffer's own log *and* the replica's
-(issue 41), so losing the buffer's node (its disk with it) loses no acknowledged group, no consumption
+A group is acknowledged only once its segment record is in the buffer's own log *and* the replica's,
+so losing the buffer's node (its disk with it) loses no acknowledged group, no consumption
 record and no actor's place in its prompt stream (which the segment log's groups per actor give).
 
 The replica is a byte mirror of the buffer's log files: :class:`ReplicaServer` (a ZeroMQ ROUTER, a thread of

@@ -1,4 +1,4 @@
-"""`distrl train`: where the buffer's log lives across nodes, its replica, and what `--resume` needs of it (issue 41).
+"""`distrl train`: where the buffer's log lives across nodes, its replica, and what `--resume` needs of it.
 
 The buffer writes its segment log and consumption log under the run directory's path on *its* node. When that
 node does not see the driver's run directory (another node, no shared filesystem), losing the node would lose

@@ -1,4 +1,4 @@
-"""Joining a running run (`distrl rollout --join`, issue 21): the join file `distrl train` writes, and what a
+"""Joining a running run (`distrl rollout --join`): the join file `distrl train` writes, and what a
 joining actor makes of it.
 
 The driver writes ``<run_dir>/join.json`` (:mod:`distrl.core.join`, mode 0600) once its learners' weight

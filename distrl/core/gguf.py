@@ -147,7 +147,7 @@ def dequantize(source: Path, out: Path) -> dict:
 
 def _reason(exc: Exception, source: Path) -> str:
     """Why `source` did not load, in one line. transformers' GGUF reader raises struct.error (a 24-line traceback
-    before, issue 40) when the header's lengths point past the end of the file: a truncated or damaged file."""
+    otherwise) when the header's lengths point past the end of the file: a truncated or damaged file."""
     if isinstance(exc, struct.error):
         return f"its header runs past the end of the file at {source.stat().st_size:,} bytes: truncated or damaged"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,4 +1,4 @@
-"""The join file of a running run: what `distrl rollout --join` reads to add an actor (issue 21).
+"""The join file of a running run: what `distrl rollout --join` reads to add an actor.
 
 `distrl train`'s driver (and `distrl buffer`) write ``<run_dir>/join.json`` once the run's endpoints are bound:
 a JSON object with ``run_dir``, ``first_id`` (actor ids below it belong to the launcher's own actors),

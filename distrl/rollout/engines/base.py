@@ -117,7 +117,7 @@ class Engine(ABC):
 
     def graph_captures(self) -> int:
         """Decode-step CUDA graphs captured so far (a new shape, or a load that changed the modules): a run
-        whose shapes are warm captures none more (issue 23). 0 for an engine that captures none."""
+        whose shapes are warm captures none more. 0 for an engine that captures none."""
         return 0
 
     def canary_logprob(self) -> float:

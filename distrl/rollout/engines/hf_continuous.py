@@ -39,7 +39,7 @@ Loop (:meth:`ContinuousSampler.run`):
    Look-ahead: unless ``between_steps`` is given, the snapshot of an interval is read only after the next
    interval's steps are queued, so the host's work of a hand-back (and the caller's: the actor scores and
    PUTs the groups it yields) and of the admission's eager prefill runs while the GPU decodes, instead of
-   between the GPU's steps (on an H200, about 25 ms an admission against 8 ms a step, issue 23). A row ended
+   between the GPU's steps (on an H200, about 25 ms an admission against 8 ms a step). A row ended
    in interval i is then handed back after interval i + 1 (its slot decodes padding meanwhile, masked as
    every ended row's). A slot's snapshot counts only from the interval its current row was admitted in.
    An interval at whose end every running row has reached its budget is read at once (no interval of
@@ -51,7 +51,7 @@ Loop (:meth:`ContinuousSampler.run`):
 4. The tail: once no row waits (and not static), the step decodes only the smallest of :func:`buckets`
    (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
    move below it first (their K/V in every layer and their per-slot buffers, copied on the device). A call's
-   last rows then no longer pay for B slots a step: issue 23's schedule of 2,048 rows in 256 slots spends
+   last rows then no longer pay for B slots a step: a schedule of 2,048 rows in 256 slots (BENCHMARKS.md) spends
    808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more captured graph, all made at
    the end of a state's first call (``_capture_buckets``); the compiled step is shared (its slot count is a
    symbolic size: :func:`distrl.rollout.engines.hf_fast.compiled_step`).
@@ -233,7 +233,7 @@ class ContinuousSampler:
         """Capture the step of every bucket (:func:`buckets`) not captured yet, at the end of a call, when every
         slot is free: a free slot's step writes only what admission resets (its valid row, outputs, position)
         and K/V at positions masked until rewritten. A later call's tail then replays graphs only: no capture
-        after a state's first call (issue 23, acceptance 6)."""
+        after a state's first call."""
         with grouped_attention_mode(model):
             for n in buckets(st.tok.shape[0]):
                 if n not in st.graphs:

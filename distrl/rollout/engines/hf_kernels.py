@@ -1,4 +1,4 @@
-"""CUDA kernels of the continuous sampler's decode step (issue 23, acceptance 3): attention that reads only each
+"""CUDA kernels of the continuous sampler's decode step: attention that reads only each
 slot's own positions, and the token pick in one pass over the logits.
 
 On an H200 (Qwen2.5-0.5B, 1024 slots, 320 positions; BENCHMARKS.md, fifth round) the masked attention over every

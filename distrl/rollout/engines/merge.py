@@ -8,7 +8,7 @@ merging version v+1 never compounds on version v.
 
 Checkpoints are read by :func:`read_safetensors`, not by ``safetensors``' ``framework="pt"`` loader:
 that one (0.8.0) leaks two Python objects (~56 bytes) per tensor read, which an actor loading every
-policy version accumulates without bound (issue 16: ~1.4 KB per version of the tiny model).
+policy version accumulates without bound (~1.4 KB per version of the tiny model).
 """
 
 from __future__ import annotations
