@@ -105,6 +105,9 @@ def quiet_roles(last_seen_s: dict[str, float], watched: list[str], started: dict
     return quiet
 
 
+STATS_POLL_S = 5.0  # longest wait of one watchdog STATS request (the buffer is judged over --heartbeat_timeout_s)
+
+
 class Watchdog:
     """Polls the buffer's STATS and reports roles quiet for more than ``timeout_s`` seconds.
 
@@ -118,9 +121,12 @@ class Watchdog:
         from distrl.core.buffer_client import BufferClient
 
         self.run_dir, self.timeout_s = Path(run_dir), timeout_s
-        self.client = BufferClient(buffer_address, "watchdog", timeout_s=timeout_s, retries=0,
+        # one STATS waits STATS_POLL_S at most: the driver's loop, which calls check(), then sees a dead buffer's
+        # error from Ray within seconds instead of after a STATS that waited the whole --heartbeat_timeout_s
+        self.client = BufferClient(buffer_address, "watchdog", timeout_s=min(timeout_s, STATS_POLL_S), retries=0,
                                    curve_server_key=curve_server_key, curve_client_key=curve_client_key)
         self._restarted: dict[str, float] = {}
+        self._silent_since: float | None = None  # when STATS first went unanswered (None: it answers)
 
     def describe(self, name: str) -> str:
         """``name (pid P on host H)`` from its role file."""
@@ -134,8 +140,14 @@ class Watchdog:
         try:
             last_seen = self.client.stats()["last_seen_s"]
         except TimeoutError:
-            return [("buffer0", f"{self.describe('buffer0')}: no answer to STATS for {self.timeout_s:.0f} s "
+            now = time.time()
+            if self._silent_since is None:
+                self._silent_since = now - self.client.timeout_s
+            if now - self._silent_since < self.timeout_s:
+                return []
+            return [("buffer0", f"{self.describe('buffer0')}: no answer to STATS for {now - self._silent_since:.0f} s "
                                 f"(--heartbeat_timeout_s {self.timeout_s:g})")]
+        self._silent_since = None
         started = {}
         for name in watched:
             info = read_role_file(self.run_dir, name)
