@@ -57,6 +57,7 @@ def test_an_explicit_backend_that_dies_stops_before_anything_starts(tmp_path):
         assert proc.returncode == 2, (command, proc.stderr[-3000:])
         lines = proc.stderr.strip().splitlines()
         assert lines[0].startswith(f"distrl {command}: error: {flag[0]}: ") and len(lines) == 2, proc.stderr
-        assert f"{stack} unusable on {socket.gethostname()} (SIGILL importing {stack})" in lines[0], lines[0]
+        assert f"{stack} unusable on {socket.gethostname()} (SIGILL importing {stack}: {sigill_hint()})" in lines[0], \
+            lines[0]
         assert "Traceback" not in proc.stderr
         assert not (tmp_path / "runs" / command).exists()
