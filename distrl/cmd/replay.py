@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from distrl.cmd.config import ReplayConfig, SelectionOptions, TrainConfig
+from distrl.cmd.stacks import needed, probe_here, settle_stacks
 
 log = logging.getLogger("distrl.cmd.replay")
 OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed")
@@ -59,6 +60,8 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
                    weights_transport="fs", attest_weights=False)
     if cfg.model is not None:
         options["model"] = cfg.model
+    if options.get("backend") == "unsloth":  # the source host's choice: settled again here (distrl.cmd.stacks)
+        options["backend"] = "auto"
     return TrainConfig(**options)
 
 
@@ -124,6 +127,7 @@ def replay(cfg: ReplayConfig) -> dict:
     if first is None:
         raise FileNotFoundError(f"{cfg.source} holds no segment log (segments/segment-*.arrow) with a complete group")
     train = train_config(cfg, group_size=first[1].num_rows)
+    train = settle_stacks(train, probe_here(needed(train, actors=False)), "replay")  # before the learner imports
     restamp = cfg.staleness_model == "restamp"
     versions, groups = plan_versions(train, cfg.source, restamp)
     if versions == 0:

@@ -76,3 +76,5 @@ def test_old_run_dir_replays(tmp_path):
     assert summary["versions"] == 4 and summary["log_groups"] == 16
     assert summary["staleness_max_by_version"] == [0, 1, 1, 1]
     assert summary["model"] == str(source / "model")  # the tiny model the old run built, not a new one
+    # the source stored "unsloth": settled again on this host by its probe, as a resume does
+    assert json.loads((tmp_path / "replayed" / "config.json").read_text())["backend"] in ("unsloth", "hf")
