@@ -10,9 +10,9 @@ then calls through :func:`load`) in a child process of the node the role runs on
 
 The child writes the name of each module it starts to import to its stderr, so a child killed by a signal
 names the module that killed it. Results are cached in ``<cache dir>/probes.json`` (:func:`cache_dir`), keyed
-by the interpreter, the host, the CPU's flags and the installed files of the stack's packages (their paths,
-sizes and modification times), so a probe runs once per environment and host: a changed package, CPU or
-Python probes again. The commands decide what a failed probe means (distrl/cmd/stacks.py).
+by the interpreter, the host, the CPU's flags, whether the host has an NVIDIA driver and the installed files of
+the stack's packages (their paths, sizes and modification times), so a probe runs once per environment and host:
+a changed package, CPU or Python probes again, and a role finds the answer its command's probe left. The commands decide what a failed probe means (distrl/cmd/stacks.py).
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def _installed(module: str) -> list:
 
 def cache_key(stack: str) -> str:
     """The key of ``stack``'s cached probe on this host: interpreter, host, CPU flags, installed files."""
-    parts = [stack, sys.executable, sys.version, socket.gethostname(), cpu_flags(),
-             os.environ.get("CUDA_VISIBLE_DEVICES"), [_installed(m) for m in KEY_MODULES[stack]]]
+    # not CUDA_VISIBLE_DEVICES: Ray gives each role its own, and a role must find the driver's answer
+    parts = [stack, sys.executable, sys.version, socket.gethostname(), cpu_flags(), os.path.exists("/dev/nvidiactl"),
+             [_installed(m) for m in KEY_MODULES[stack]]]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
