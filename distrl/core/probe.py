@@ -12,7 +12,8 @@ The child writes the name of each module it starts to import to its stderr, so a
 names the module that killed it. Results are cached in ``<cache dir>/probes.json`` (:func:`cache_dir`), keyed
 by the interpreter, the host, the CPU's flags, whether the host has an NVIDIA driver and the installed files of
 the stack's packages (their paths, sizes and modification times), so a probe runs once per environment and host:
-a changed package, CPU or Python probes again, and a role finds the answer its command's probe left. The commands decide what a failed probe means (distrl/cmd/stacks.py).
+a changed package, CPU or Python probes again, and a role finds the answer its command's probe left. The
+commands decide what a failed probe means (distrl/cmd/stacks.py).
 """
 
 from __future__ import annotations
