@@ -7,6 +7,7 @@ sorted order), so a subscriber detects a corrupted or half-copied payload and re
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -85,9 +86,26 @@ class DirectoryPublisher(Publisher):
 
     def publish(self, version: int, model) -> Announcement:
         """Write `model` with ``save_pretrained`` (a PEFT model: its adapter) as `version`, announce it."""
-        ann = self.directory.publish(version, payload_format(model), lambda d: model.save_pretrained(str(d)))
+        ann = self.directory.publish(version, payload_format(model), lambda d: save_payload(model, d))
         self.announce(ann)
         return ann
+
+
+def save_payload(model, directory: str | Path) -> None:
+    """``model.save_pretrained(directory)`` with byte-stable JSON: PEFT writes ``adapter_config.json``'s
+    ``target_modules`` (and ``exclude_modules``) set in the set's iteration order, which string hashing randomizes
+    per process. The same weights published by two processes (a run and its ``--resume``) then had two digests,
+    and the resumed learner's attestation quarantined the groups its actors had made with that version before the
+    resume (distrl.weights.attest). The lists are written sorted."""
+    model.save_pretrained(str(directory))
+    path = Path(directory) / "adapter_config.json"
+    if not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    sets = [k for k in ("target_modules", "exclude_modules") if isinstance(config.get(k), list)]
+    if sets:
+        config.update({k: sorted(config[k]) for k in sets})
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 class FsFetcher(DirectoryLoader):
