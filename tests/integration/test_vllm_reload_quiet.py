@@ -96,6 +96,23 @@ def test_a_payload_missing_a_tensor_fails_loudly(tied):
     assert engine.version == before  # the version is not served
 
 
+def test_a_missing_tensor_is_found_after_logging_was_reconfigured(tied):
+    """A dictConfig elsewhere disables the loggers that existed before it (and a level may be raised): the reload
+    still reads vLLM's records, and leaves the loggers as it found them."""
+    engine, model, _ = tied
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
+    for logger in loggers:
+        logger.disabled, logger.level = True, logging.ERROR
+    try:
+        named = [(n, t) for n, t in payload(model, 5) if n != "model.layers.0.mlp.down_proj.weight"]
+        with pytest.raises(RuntimeError, match="model.layers.0.mlp.down_proj.weight"):
+            engine.load_tensors(engine.version + 1, named)
+        assert [(logger.disabled, logger.level) for logger in loggers] == [(True, logging.ERROR)] * len(loggers)
+    finally:
+        for logger in loggers:
+            logger.disabled, logger.level = False, logging.NOTSET
+
+
 def test_a_tensor_of_the_wrong_shape_fails_loudly(tied):
     engine, model, _ = tied
     named = [(n, t[:-1] if n == "model.layers.0.mlp.down_proj.weight" else t) for n, t in payload(model, 4)]

@@ -131,13 +131,24 @@ class _ReloadLog(logging.Filter):
         return True
 
     def __enter__(self) -> "_ReloadLog":
+        # the failures are read from these records: each logger is enabled at WARNING for the reload, whatever
+        # configured logging since (a dictConfig disables the loggers that existed before it; a level may be raised)
+        self.saved = {}
         for name in self.LOGGERS:
-            logging.getLogger(name).addFilter(self)
+            logger = logging.getLogger(name)
+            self.saved[name] = (logger.disabled, logger.level)
+            logger.disabled = False
+            if logger.getEffectiveLevel() > logging.WARNING:
+                logger.setLevel(logging.WARNING)
+            logger.addFilter(self)
         return self
 
     def __exit__(self, *exc) -> None:
         for name in self.LOGGERS:
-            logging.getLogger(name).removeFilter(self)
+            logger = logging.getLogger(name)
+            logger.removeFilter(self)
+            logger.disabled, level = self.saved[name]
+            logger.setLevel(level)
 
 
 def _in_process(llm) -> bool:
