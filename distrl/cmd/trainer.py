@@ -277,6 +277,23 @@ def _stop(run: _Run, owns_ray: bool) -> None:
     use_run_keys(None)
 
 
+def _settle(cfg: TrainConfig, ray_started: bool) -> tuple[TrainConfig, bool, dict | None]:
+    """Before anything starts: a resumed run's saved config (and, when its checkpoint already reached --max_steps,
+    the summary of a run with nothing to do: no file changed), then the stacks probed here when every role runs on
+    this host. Returns ``(cfg, probed_here, finished)``."""
+    if cfg.resume:
+        cfg = resumed_config(cfg)
+        done = checkpoint_version(cfg.run_dir)
+        if done >= cfg.max_steps:
+            print(f"distrl train: nothing to do: run finished at version {done} (--max_steps {cfg.max_steps}); "
+                  f"pass a larger --max_steps to train on", flush=True)
+            return cfg, False, {"run_dir": str(cfg.run_dir), "versions": done, "nothing_to_do": True}
+    here = not cfg.ray_address and not ray_started
+    if here:  # every role on this host: probe before Ray starts (a ray cluster's nodes: in _place)
+        cfg = settle_stacks(cfg, probe_here(needed(cfg)))
+    return cfg, here, None
+
+
 def train(cfg: TrainConfig) -> dict:
     """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
     quiet_libraries()  # before the imports below load torch (and torchao)
@@ -286,16 +303,9 @@ def train(cfg: TrainConfig) -> dict:
     from distrl.core.buffer_client import BufferClient
 
     began = time.time()  # the whole command, warm start included (report's wall_s)
-    if cfg.resume:
-        cfg = resumed_config(cfg)
-        if checkpoint_version(cfg.run_dir) >= cfg.max_steps:  # nothing started, no file changed
-            done = checkpoint_version(cfg.run_dir)
-            print(f"distrl train: nothing to do: run finished at version {done} (--max_steps {cfg.max_steps}); "
-                  f"pass a larger --max_steps to train on", flush=True)
-            return {"run_dir": str(cfg.run_dir), "versions": done, "nothing_to_do": True}
-    here = not cfg.ray_address and not ray.is_initialized()
-    if here:  # every role on this host: probe before Ray starts (a ray cluster's nodes: in _place)
-        cfg = settle_stacks(cfg, probe_here(needed(cfg)))
+    cfg, here, finished = _settle(cfg, ray.is_initialized())
+    if finished is not None:
+        return finished
     cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
     record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
