@@ -48,6 +48,7 @@ from distrl.cmd.report import write_report
 from distrl.cmd.roles import learner_endpoints, ray_roles
 from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_dir, resumed_config
 from distrl.cmd.stacks import needed, probe_here, probe_on_nodes, settle_stacks
+from distrl.core.compile_cache import use_compile_caches
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.core.security import use_run_keys
@@ -297,6 +298,7 @@ def _settle(cfg: TrainConfig, ray_started: bool) -> tuple[TrainConfig, bool, dic
 def train(cfg: TrainConfig) -> dict:
     """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
     quiet_libraries()  # before the imports below load torch (and torchao)
+    use_compile_caches()  # before Ray starts: its workers inherit the variables
     import ray
 
     from distrl.buffer.segments import groups_by_actor

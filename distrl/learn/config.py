@@ -105,9 +105,11 @@ class LearnOptions:
     BENCHMARKS.md eighth round). The learner compiles at start every variant of the layers' inputs a
     micro-batch can bring (one row or more; packed rows with or without a mask; with and without gradients:
     `distrl.learn.model.compile_layers`), so no batch recompiles mid-run; that takes about a minute while the actors
-    start. Unset: on for a CUDA learner with --backend hf (Unsloth compiles its own), unless
-    --learner_generates (its generator would recompile the layers with a KV cache); True or False forces it
-    (True is refused with --learner_generates). Ignored on CPU."""
+    start, the first time: the compiled code is kept in `~/.cache/distrl/compile/` and later runs of the same
+    model and flags load it (docs/gpu.md, "Compile caches"). Unset: on for a CUDA learner with --backend hf (Unsloth
+    compiles its own), unless --learner_generates (its generator would recompile the layers with a KV cache);
+    True or False forces it (True is refused with --learner_generates; True on a CPU learner compiles C++ kernels,
+    which needs a C compiler)."""
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None

@@ -133,7 +133,7 @@ class Learner:
         if cfg.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()  # Qwen2/Llama have no dropout by default; LoRA is built with lora_dropout=0
-        if cfg.compiles_layers() and self.device.type == "cuda":
+        if cfg.compiles_layers() and (self.device.type == "cuda" or cfg.learner_compile):
             compile_layers(self.model, packed=cfg.learner_pack_tokens > 0, kl=cfg.kl_coef > 0)
         if self.device.type == "cuda" and self.params[0].dtype in (torch.bfloat16, torch.float16):
             # The fp32 head multiplies bf16-valued hidden states and weights: TF32 inputs hold bf16 values
