@@ -2,8 +2,8 @@
 slot's own positions, and the token pick in one pass over the logits.
 
 On an H200 (Qwen2.5-0.5B, 1024 slots, 320 positions; BENCHMARKS.md, fifth round) the masked attention over every
-position of every slot (:func:`distrl.rollout.engines.hf_fast.grouped_attention`) took about 2.2 of a step's 7 ms, and
-the pick (:func:`distrl.rollout.engines.hf_fast.pick`: an Exp(1) draw written over the (B, V) fp32 logits, then an
+position of every slot (:func:`distrl.rollout.engines.hf.decode.grouped_attention`) took about 2.2 of a step's 7 ms, and
+the pick (:func:`distrl.rollout.engines.hf.decode.pick`: an Exp(1) draw written over the (B, V) fp32 logits, then an
 argmax pass and a logsumexp pass) about 1.6 ms, where reading the logits once takes 0.15 ms.
 
 - :func:`slot_attention`: slot b attends to its positions 0 .. lengths[b] - 1 only. By default a split-K Triton
@@ -286,7 +286,7 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor,
         seed: (1,) int64 on the same device, 0 <= seed < 2**39: the step's Philox seed; calls with the same seed
             and rows draw the same noise, so the caller advances it every step (inside a CUDA graph too).
     Returns:
-        tokens (B,) long and logprobs (B,) fp32, as :func:`distrl.rollout.engines.hf_fast.pick` returns them.
+        tokens (B,) long and logprobs (B,) fp32, as :func:`distrl.rollout.engines.hf.decode.pick` returns them.
     Raises:
         RuntimeError: without triton (:func:`available`).
     """
