@@ -110,8 +110,8 @@ def compiled_step(decode: Callable, compile_step: bool, dynamic: bool = True) ->
     (``torch._dynamo.maybe_mark_dynamic``: slots, cache positions, output columns; weights, heads and head sizes
     stay fixed), so a later state, tail bucket or temperature reuses the compiled code and only captures its
     graph; any other size that changes is made symbolic at its first change (torch's automatic dynamic shapes).
-    Compiled per shape instead (``dynamic=False``), each new shape compiled the whole model again, about 30 s for
-    SmolLM2 on an H200, at whatever point of a run a call first reached it (BENCHMARKS.md, fourth round).
+    Compiled per shape instead (``dynamic=False``), each new shape compiles the whole model again (tens of
+    seconds) at whatever point of a run a call first reaches it.
     """
     if not compile_step:
         return decode

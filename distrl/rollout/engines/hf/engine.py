@@ -64,10 +64,9 @@ class HFEngine(Engine):
         available, else ``cpu``. fast: sample with the static-cache fast path (CUDA graphs on CUDA,
         eager elsewhere); default: on when the device is CUDA and the model has no sliding-window layers.
         fast_compile: run the fast path's decode step through ``torch.compile`` before capturing it
-        (fuses its elementwise kernels: 1.63x -> 2.77x plain ``generate`` on an H200, see
-        docs/generate_fast.md; costs about 45 s of compiling for a 0.5B model, once: sizes are symbolic,
-        so later shapes only capture a graph); default: on with the fast path on CUDA (static and continuous
-        batching alike).
+        (fuses its elementwise kernels, docs/generate_fast.md; costs tens of seconds of compiling, once: sizes
+        are symbolic, so later shapes only capture a graph); default: on with the fast path on CUDA (static and
+        continuous batching alike).
         batching: ``continuous`` (rows refilled as they end, :mod:`distrl.rollout.engines.hf.continuous`; a model
         with sliding-window layers is batched statically) or ``static`` (batches of ``max_num_seqs``
         rows, each run to its longest row, through the fast path or the engine's own loop).
