@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from distrl.buffer.clients import CREDIT_TIMEOUT_S
+from distrl.buffer.client_ledger import CREDIT_TIMEOUT_S
 from distrl.buffer.endpoint import Endpoint
 from distrl.buffer.lock import RunDirLock
 from distrl.buffer.memory import prefault_heap

@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from distrl.buffer.held import Parsed, RecentIds, as_batch, parse_groups, rows_of
+from distrl.buffer.groups import Parsed, RecentIds, as_batch, parse_groups, rows_of
 from distrl.core.rows import COMPLETION_SCHEMA
 
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)

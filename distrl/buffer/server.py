@@ -41,7 +41,7 @@ from typing import Callable, ClassVar, NamedTuple
 import pyarrow as pa
 import zmq
 
-from distrl.buffer.clients import CREDIT_TIMEOUT_S, Clients
+from distrl.buffer.client_ledger import CREDIT_TIMEOUT_S, ClientLedger
 from distrl.buffer.commit import GroupCommit
 from distrl.buffer.endpoint import Endpoint
 from distrl.buffer.handlers import SENDER, Handlers
@@ -96,7 +96,7 @@ class BufferServer:
         metrics: the TensorBoard writer (``Metrics(None)`` writes nothing).
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
         credit_timeout_s: seconds a sender holding unused credits may be silent before they return.
-    Its parts: ``clients`` (:class:`distrl.buffer.clients.Clients`), ``handlers``
+    Its parts: ``clients`` (:class:`distrl.buffer.client_ledger.ClientLedger`), ``handlers``
     (:class:`distrl.buffer.handlers.Handlers`: the replies, ``stats()``) and the group commit
     (:class:`distrl.buffer.commit.GroupCommit`). :meth:`close` closes them all. :meth:`serve` raises NoProgress
     when the run cannot advance (see :mod:`distrl.buffer.handlers`). Build one with
@@ -112,7 +112,7 @@ class BufferServer:
         self.lock = None  # a distrl.buffer.lock.RunDirLock that close() releases (build_buffer sets it)
         self.address: str = endpoint.address
         self._sock = endpoint.socket  # requests queue until serve() runs
-        self.clients = Clients(store, credit_timeout_s)
+        self.clients = ClientLedger(store, credit_timeout_s)
         self.handlers = Handlers(store, consumed, segments, metrics, self.clients)
         self._commit = GroupCommit(store, segments, self._send)
         self._poller = zmq.Poller()

@@ -41,7 +41,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 
-from distrl.buffer.held import Slots, cut
+from distrl.buffer.groups import Slots, cut
 from distrl.buffer.intake import DEDUP_WINDOW, Intake
 from distrl.buffer.selection import first_k, order_keys
 from distrl.core.errors import NoProgress

@@ -26,7 +26,7 @@ and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards 
 version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
 ``distrl.learn.model.export_final``).
 
-Works under Ray (``distrl.cmd.trainer.LearnerRole`` creates the process group) and under torchrun
+Works under Ray (``distrl.cmd.roles.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``distrl.learn.distributed``).
 """
 

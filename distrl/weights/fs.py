@@ -45,8 +45,10 @@ def prune_versions(root: Path, newest: int, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-class DirectoryTransport:
-    """Publishes each version into `root/vNNNNNN` and keeps the newest `keep` versions on disk."""
+class PayloadDirectory:
+    """The directory of weight payloads by version: writes each into `root/vNNNNNN` (atomically: a temporary
+    directory renamed) and keeps the newest `keep` on disk. Not a transport: the ``fs`` and ``zmq`` transports
+    announce and serve what it writes."""
 
     def __init__(self, root: str | Path, keep: int = 4):
         self.root = Path(root)
@@ -82,7 +84,7 @@ class DirectoryPublisher(Publisher):
     def __init__(self, weights_dir: str | Path, keep: int = 4, pub_address: str = "tcp://127.0.0.1:0",
                  latest_address: str = "tcp://127.0.0.1:0"):
         super().__init__(pub_address, latest_address)
-        self.directory = DirectoryTransport(weights_dir, keep)
+        self.directory = PayloadDirectory(weights_dir, keep)
 
     def publish(self, version: int, model) -> Announcement:
         """Write `model` with ``save_pretrained`` (a PEFT model: its adapter) as `version`, announce it."""

@@ -1,8 +1,8 @@
 """Same-host weight transport: full weights through host shared memory, no file format and no socket.
 
 For full fine-tuning with the actors on the learner's host (one GPU shared by both, or several GPUs of one
-machine), where ``fs`` spends most of a version writing and reading a ``save_pretrained`` directory (a
-0.5B model: ~0.8 s to publish and ~0.8 s to load on an H200) for what is a memory copy.
+machine), where ``fs`` spends most of a version writing and reading a ``save_pretrained`` directory for
+what is a memory copy.
 
     learner: SharedMemoryPublisher.publish(version, model) copies the parameters into one of two *slots*,
              files under /dev/shm mapped by both processes (the one not holding the newest version), computes

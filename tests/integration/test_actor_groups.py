@@ -15,7 +15,7 @@ from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
 from distrl.rollout.engines import cpu_engine_env
-from distrl.weights import DirectoryTransport, WeightPublisher
+from distrl.weights import PayloadDirectory, WeightPublisher
 from tests.helpers import new_buffer, scaled_model
 
 
@@ -78,7 +78,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
                       log_dir=str(stack["tmp"]))
     actor = RolloutActor(cfg, 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))
     try:
-        transport = DirectoryTransport(stack["tmp"] / "weights")
+        transport = PayloadDirectory(stack["tmp"] / "weights")
         full = scaled_model(sharp, stack["tmp"] / "full", 1.0, noise=0.05, seed=4)
         stack["publisher"].announce(transport.publish(1, "full", lambda d: scaled_model(full, d, 1.0)))
         deadline = time.monotonic() + 10

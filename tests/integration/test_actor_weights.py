@@ -13,7 +13,7 @@ import torch
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
-from distrl.weights import Announcement, DirectoryTransport, WeightPublisher
+from distrl.weights import Announcement, PayloadDirectory, WeightPublisher
 from tests.helpers import new_buffer
 
 
@@ -39,7 +39,7 @@ def stack(tmp_path):
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()
     publisher = WeightPublisher()
-    transport = DirectoryTransport(tmp_path / "weights")
+    transport = PayloadDirectory(tmp_path / "weights")
     cfg = TrainConfig(model=str(base), task="half_vocab", engine="hf", group_size=2, batch_size=2,
                       max_new_tokens=8, lora_rank=8, run_name="t", log_dir=str(tmp_path))
     endpoints = ActorEndpoints(server.address, *publisher.addresses)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrl.buffer.held import RecentIds, as_batch, parse_groups
+from distrl.buffer.groups import RecentIds, as_batch, parse_groups
 from distrl.buffer.selection import first_k, topk_rows
 from distrl.buffer.store import BufferFull, GroupStore
 from distrl.core.errors import NoProgress

@@ -11,8 +11,8 @@ import zmq
 from distrl.core import wire
 from distrl.weights import (
     Announcement,
-    DirectoryTransport,
     FsFetcher,
+    PayloadDirectory,
     WeightError,
     WeightPublisher,
     WeightSubscriber,
@@ -43,7 +43,7 @@ def wait_until(fn, timeout=5.0):
 
 
 def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publisher, tmp_path):
-    transport = DirectoryTransport(tmp_path / "weights", keep=3)
+    transport = PayloadDirectory(tmp_path / "weights", keep=3)
     sub = WeightSubscriber(*publisher.addresses)
     time.sleep(0.2)  # let SUB connect before the first announcement
     seen = []
@@ -65,7 +65,7 @@ def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publ
 
 @pytest.mark.parametrize("fetcher_kind", ["fs", "zmq"])
 def test_fetch_returns_identical_payload_and_refuses_corruption(publisher, tmp_path, fetcher_kind):
-    transport = DirectoryTransport(tmp_path / "weights")
+    transport = PayloadDirectory(tmp_path / "weights")
     ann = transport.publish(1, "lora", write_payload(300_000, 1))
     publisher.announce(ann)
     fetcher = FsFetcher() if fetcher_kind == "fs" else ZmqFetcher(publisher.latest_address, tmp_path / "cache",
@@ -83,7 +83,7 @@ def test_fetch_returns_identical_payload_and_refuses_corruption(publisher, tmp_p
 
 
 def test_zmq_fetch_of_unknown_version_and_bad_requests_get_errors(publisher, tmp_path):
-    ann = DirectoryTransport(tmp_path / "w").publish(1, "lora", write_payload(10, 1))
+    ann = PayloadDirectory(tmp_path / "w").publish(1, "lora", write_payload(10, 1))
     publisher.announce(ann)
     with pytest.raises(WeightError, match="not retained"):
         ZmqFetcher(publisher.latest_address, tmp_path / "c", timeout_s=5).fetch(Announcement(7, "lora", "d", "x"))
