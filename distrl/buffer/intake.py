@@ -3,14 +3,14 @@
 
 A PUT carries one or more whole groups (consecutive runs of ``group_size`` rows of
 :data:`distrl.core.rows.COMPLETION_SCHEMA`), validated and parsed at once
-(:func:`distrl.buffer.held.parse_groups`: each group's top-k rows and reward variance are computed on arrival). Each
+(:func:`distrl.buffer.groups.parse_groups`: each group's top-k rows and reward variance are computed on arrival). Each
 accepted group gets the next sequence number ``seq``, its position in the segment log; ``persist(batch,
 first_seq)`` (e.g. ``SegmentLog.append``) gets the new groups after every check and before anything is
 committed, so a failed write changes nothing.
 
 A client re-sends a PUT whose ACK it lost. A group whose sample ids were all accepted before is a
 *duplicate*: answered with its original seq and counted, not held twice (ids are remembered for at least
-the last ``dedup_window`` accepted, :class:`distrl.buffer.held.RecentIds`); one that mixes seen and unseen ids is
+the last ``dedup_window`` accepted, :class:`distrl.buffer.groups.RecentIds`); one that mixes seen and unseen ids is
 refused. The server hands :meth:`Intake.put_messages` every PUT queued at one poll: admitted together when
 they can be, else one at a time, with the same answers either way.
 
@@ -48,7 +48,7 @@ class Intake:
 
     Args:
         dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
-            (:class:`distrl.buffer.held.RecentIds`). Raises ValueError if < 1.
+            (:class:`distrl.buffer.groups.RecentIds`). Raises ValueError if < 1.
     """
 
     def __init__(self, dedup_window: int = DEDUP_WINDOW) -> None:
@@ -215,7 +215,7 @@ class Intake:
 
     def _one_group(self, group: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
         """``group`` as one record batch; ValueError unless it has ``group_size`` rows (or another schema,
-        which :func:`distrl.buffer.held.parse_groups` then names)."""
+        which :func:`distrl.buffer.groups.parse_groups` then names)."""
         batch = as_batch(group)
         if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
             raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")

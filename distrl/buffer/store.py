@@ -5,7 +5,7 @@ A *group* is the ``group_size`` completions of one prompt instance (rows of
 :class:`distrl.buffer.intake.Intake` (validation, de-duplication, persist before commit), which :class:`GroupStore`
 extends; each accepted group gets a sequence number ``seq`` in PUT order (its position in the segment log).
 It is held as the record batch it arrived in (zero-copy over the received message); its top-k rows
-(:func:`distrl.buffer.held.parse_groups`, the same rule as :func:`distrl.buffer.selection.topk_rows`) are chosen on
+(:func:`distrl.buffer.groups.parse_groups`, the same rule as :func:`distrl.buffer.selection.topk_rows`) are chosen on
 arrival and cut out, for all groups of a batch at once, when the batch is selected.
 
 For each policy version V the learner group makes ONE selection: ``batch_size`` groups among those
@@ -81,7 +81,7 @@ class GroupStore(Intake):
         max_rows, max_bytes: memory bounds (completions of whole groups, Arrow bytes); None = unbounded.
         restamp: staleness counts from a group's first use (offline replay), not its recorded version.
         dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
-            (:class:`distrl.buffer.held.RecentIds`).
+            (:class:`distrl.buffer.groups.RecentIds`).
         max_filtered_groups: with ``filter_zero_variance``, groups filtered in a row after which
             :meth:`check_progress` raises NoProgress (0: never).
     Raises ValueError on out-of-range arguments.
