@@ -186,10 +186,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
                     for r in range(cfg.number_of_learners)]
     run.weights = run.learners[0].weight_addresses.remote()  # kept: a restarted actor resolves it again
     # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
-    # after that. Not vLLM's: it sizes its KV cache from the GPU memory free when it starts.
+    # after that (a vLLM engine's first start on a GPU asks before: distrl.rollout.engines.vllm_plan)
     late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
-    if cfg.engine == "vllm":
-        late = ActorEndpoints(run.buffer_address, *ray.get(run.weights))
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     mark("actors_created")
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(

@@ -8,7 +8,8 @@ traced graph itself (operators, shapes or their symbols, dtypes, devices), the i
 version; the weights are inputs of the graph, not part of it. A changed model architecture or a flag that changes
 what is traced (``--learner_pack_tokens``, ``--kl_coef``, LoRA) is a different graph and compiles afresh; a
 different checkpoint of the same architecture reuses the compiled code, which is correct for any weights. vLLM
-keys its cache by the model config, the compilation config and its own version.
+keys its cache by the model config, the compilation config and its own version, and its startup plan (the KV
+cache size it profiled, ``VLLM_ENABLE_STARTUP_PLAN``, on unless set) also by the device and its free memory.
 
 A variable the user already set (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``) wins.
 """
@@ -32,6 +33,7 @@ def use_compile_caches(root: str | Path | None = None) -> dict[str, str]:
     base = Path(root) if root is not None else cache_dir() / "compile"
     for name, sub in CACHE_VARIABLES.items():
         os.environ.setdefault(name, str(base / sub))
+    os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")  # vLLM keeps its memory profile with its compile cache
     return {name: os.environ[name] for name in CACHE_VARIABLES}
 
 

@@ -66,11 +66,29 @@ class RolloutActor:
         """The policy version this actor serves: its engine's, the one owner (``colocated`` reads its learner's)."""
         return self.engine.version
 
+    def _start_engine(self, cfg, model_dir: str, endpoints):
+        """The engine (--engine's), and ``endpoints`` resolved first where the engine must start after the
+        learners: vLLM on CUDA the first time its settings start on this host (distrl.rollout.engines.vllm_plan)."""
+        from distrl.rollout.engines import make_engine
+
+        settings = dict(model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_lora_rank=cfg.lora_rank,
+                        max_model_len=cfg.max_model_len, seed=cfg.seed * 1000 + self.actor_id,
+                        merge_lora=cfg.merge_lora, batching=cfg.batching, max_num_seqs=cfg.max_num_seqs,
+                        lora=cfg.finetune == "lora", gpu_memory_utilization=cfg.gpu_memory_utilization)
+        if cfg.engine != "vllm":
+            return make_engine(cfg.engine, **settings), endpoints
+        from distrl.rollout.engines.vllm_plan import remember_start, started_before
+
+        if callable(endpoints) and not started_before(settings):
+            endpoints = endpoints()  # a first start profiles its memory: after the learners loaded theirs
+        engine = make_engine(cfg.engine, **settings)
+        remember_start(settings)
+        return engine, endpoints
+
     def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints | Callable[[], ActorEndpoints],
                  model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
                  name: str | None = None):
         from distrl.core.buffer_client import BufferClient
-        from distrl.rollout.engines import make_engine
         from distrl.rollout.tasks import load_task
 
         self.cfg, self.actor_id = cfg, actor_id
@@ -90,10 +108,7 @@ class RolloutActor:
         # a given engine (distrl.rollout.colocated shares the learner's model) never changes weights mid-call
         self.inflight_update = "off"
         if engine is None:
-            engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
-                                 seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora, batching=cfg.batching,
-                                 max_num_seqs=cfg.max_num_seqs, lora=cfg.finetune == "lora",
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
+            engine, endpoints = self._start_engine(cfg, model_dir, endpoints)
             self.inflight_update = cfg.inflight_update
         self.engine = engine
         mark("engine_ready")  # start-up marks (distrl.core.startup)
