@@ -153,10 +153,10 @@ class Learner:
         return t0, time.time() - t0, ann.nbytes
 
     def stop(self) -> None:
-        from distrl.weights import Announcement
+        from distrl.weights import announcement
 
         self.version += 1
-        self.publisher.announce(Announcement(self.version, "stop", "", ""))
+        self.publisher.announce(announcement(self.version, "stop", "", ""))
 
 
 def run_case(args, learner: Learner, transport: str, fmt_list: list[str], work: Path) -> dict:

@@ -50,6 +50,16 @@ class Exhausted(RuntimeError):
     code: ClassVar[ErrorCode] = ErrorCode.EXHAUSTED
 
 
+class Unsupported(ValueError):
+    """A well-formed request of a type this buffer does not answer (ERROR code ``unsupported``)."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.UNSUPPORTED
+
+
+ANSWERED = frozenset({MsgType.PUT, MsgType.GET, MsgType.CREDIT, MsgType.STATS, MsgType.STOP, MsgType.SHUTDOWN,
+                      MsgType.JOIN, MsgType.LEAVE})  # the request types a buffer answers (docs/protocol.md)
+
+
 class Handlers:
     """The buffer's replies around ``store``, and its counters (``stats``) and metrics (``tick``).
 
@@ -96,6 +106,19 @@ class Handlers:
         return self.stopping or self.no_progress is not None or self.store.open_credits() > 0
 
     # ---- replies -------------------------------------------------------------------------------
+
+    def check(self, header: Header, body) -> None:
+        """Refuse a decoded request the buffer cannot take: a type it does not answer, or a replay buffer's PUT
+        (Unsupported); a PUT without a body, or a body on another request (ValueError)."""
+        if header.type not in ANSWERED:
+            raise Unsupported(f"the buffer does not answer {header.type.value} messages")
+        if header.type is MsgType.PUT:
+            if self.replay:
+                raise Unsupported("this is an offline replay buffer: it takes no PUTs")
+            if body is None:
+                raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
+        elif body is not None:
+            raise ValueError(f"{header.type.value} takes no body")
 
     def acknowledge(self, header: Header, nbytes: int, results: list[tuple[int, bool]]) -> list[bytes]:
         """The ACK of an admitted PUT of ``nbytes`` (``results``: ``(seq, duplicate)`` per group); counts its

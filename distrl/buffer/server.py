@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, NamedTuple
 
 import pyarrow as pa
 import zmq
@@ -51,7 +51,7 @@ from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.metrics import Metrics
 from distrl.core.rows import decode_group
-from distrl.core.wire import ErrorCode, Header, MsgType
+from distrl.core.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,6 @@ class _Request(NamedTuple):
 
     envelope: list
     header: Header
-
-
-class Unsupported(ValueError):
-    """A well-formed request of a type this server does not answer (ERROR code ``unsupported``)."""
-
-    code: ClassVar[ErrorCode] = ErrorCode.UNSUPPORTED
 
 
 class BufferServer:
@@ -283,21 +277,14 @@ class BufferServer:
             header, body = wire.decode_raw([f.bytes if i == 0 else f.buffer for i, f in enumerate(frames)])
             seq = header.seq
             self.clients.seen(header.sender)
+            self.handlers.check(header, body)
             if header.type is MsgType.PUT:
                 return self._decode_put(envelope, header, body)
-            if header.type not in self._handlers:
-                raise Unsupported(f"the buffer does not answer {header.type.value} messages")
-            if body is not None:
-                raise ValueError(f"{header.type.value} takes no body")
             return _Request(envelope, header)
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*envelope, *self.handlers.error(exc, envelope, seq)]
 
-    def _decode_put(self, envelope: list, header: Header, body: memoryview | None) -> _Put:
-        if self.segments is None:
-            raise Unsupported("this is an offline replay buffer: it takes no PUTs")
-        if body is None:
-            raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
+    def _decode_put(self, envelope: list, header: Header, body: memoryview) -> _Put:
         batch, message = decode_group(body)  # the received bytes go to the segment log as they are
         return _Put(envelope, header, batch, self._commit.persist(batch, message), len(body))
 

@@ -155,10 +155,14 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         if resume:
             parts.learner.resume()
         if cfg.learner_generates:  # rollouts from this learner's model while its GET waits
-            from distrl.rollout.colocated import LearnerGenerator
+            from distrl.core.buffer_client import BufferClient
+            from distrl.rollout.learner_generates import LearnerGenerator, generator_name
 
             learner = parts.learner
-            parts.generator = parts.opened(LearnerGenerator(cfg, rank, learner.model, buffer_address, model_dir,
+            client = parts.opened(BufferClient(buffer_address, generator_name(rank),
+                                               curve_server_key=cfg.buffer_curve_server_key,
+                                               curve_client_key=cfg.buffer_curve_client_key))
+            parts.generator = parts.opened(LearnerGenerator(cfg, rank, learner.model, client, model_dir,
                                                             policy_version=lambda: learner.version,
                                                             tb_dir=str(run_dir / "tb" / f"learner{rank}gen")))
             parts.learner.while_waiting = parts.generator.generate_once

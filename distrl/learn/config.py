@@ -176,7 +176,8 @@ class LearnOptions:
     learner_generates: bool = False
     """The learner also generates: while its GET waits for data it samples groups with its own model (the
     HF engine on the learner's model object, no weight copy, at the learner's current version) and PUTs
-    them as actor `learner<rank>` (actor_id -1-rank). Allows --number_of_actors 0."""
+    them as actor `learner<rank>` (actor_id -1-rank; distrl/rollout/learner_generates.py: LearnerGenerator). Allows
+    --number_of_actors 0."""
     attest_tolerance: Optional[float] = None
     """Largest |engine - learner| canary logprob, nats/token, for a group's weight stamp to match (unset:
     1e-4 for float32 on CPU, 0.05 for bf16 or CUDA; derived in distrl/weights/attest.py)."""

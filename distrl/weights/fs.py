@@ -15,7 +15,7 @@ from typing import Callable
 
 import xxhash
 
-from distrl.weights.base import Announcement, DirectoryLoader, Publisher, WeightError, payload_format
+from distrl.weights.base import Announcement, DirectoryLoader, Publisher, WeightError, announcement, payload_format
 
 CHUNK = 16 * 2**20
 
@@ -69,7 +69,7 @@ class PayloadDirectory:
         tmp.rename(final)
         self._last = version
         self._prune()
-        return Announcement(version=version, format=fmt, digest=digest, location=str(final),
+        return announcement(version=version, format=fmt, digest=digest, location=str(final),
                             published_at=time.time(), nbytes=nbytes)
 
     def _prune(self) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from distrl.weights.base import Announcement, Loader, Publisher, WeightError, payload_format
+from distrl.weights.base import Announcement, Loader, Publisher, WeightError, announcement, payload_format
 from distrl.weights.flat import Layout, checksum
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class SharedMemoryPublisher(Publisher):
             digest = checksum([t for _, t in named])  # on the parameters' device; synchronizes it
         header[1] = version
         self.newest = index
-        ann = Announcement(version, "full", digest, f"shm://{path}", time.time(), layout.nbytes(), layout.entries)
+        ann = announcement(version, "full", digest, f"shm://{path}", time.time(), layout.nbytes(), layout.entries)
         self.announce(ann)
         return ann
 

@@ -93,7 +93,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
     got = sorted((r["policy_version"], r["last_policy_version"], len(r["completion_ids"]), r["served_versions"])
                  for r in rows)
     print(f"HF in-flight {mode}: (policy_version, last_policy_version, tokens, served_versions) {got}")
-    assert len(got) == 4 and (actor.aborted_calls, mode) in ((0, "finish"), (1, "abort"))
+    assert len(got) == 4 and (actor.rollouts.aborted_calls, mode) in ((0, "finish"), (1, "abort"))
     if mode == "finish":
         assert [v for v, *_ in got] == [0, 0, 1, 1]
     for first, last, tokens, served in got:

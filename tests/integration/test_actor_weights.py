@@ -13,7 +13,7 @@ import torch
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
-from distrl.weights import Announcement, PayloadDirectory, WeightPublisher
+from distrl.weights import PayloadDirectory, WeightPublisher, announcement
 from tests.helpers import new_buffer
 
 
@@ -82,7 +82,7 @@ def test_versions_increase_corruption_is_refused_and_late_actor_starts_current(s
     served.append(a.version)
     assert served == [0, 1, 3]
     with pytest.raises(ValueError, match="not newer"):
-        pub.announce(Announcement(2, "lora", ann2.digest, ann2.location))
+        pub.announce(announcement(2, "lora", ann2.digest, ann2.location))
     # An actor started now (PUB/SUB has dropped every earlier announcement) serves version 3 at once.
     late = actor(stack, 1)
     late._refresh_weights(0)

@@ -1,5 +1,6 @@
 """Where compiled code is kept (distrl.core.compile_cache) and what the start-up summary says about it
-(distrl.core.startup). The compile itself, twice and with a changed flag: tests/integration/test_compile_cache_reuse.py."""
+(distrl.core.startup). The compile itself, twice and with a changed flag:
+tests/integration/test_compile_cache_reuse.py."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ class HFEngine(Engine):
                 max_num_seqs: int | None = None) -> "HFEngine":
         """An engine that samples with an existing ``model`` object (e.g. the learner's, LoRA-wrapped or
         not): no copy, so it always serves the model's current weights; its ``version`` stays 0 (the model's
-        owner holds the policy version: distrl.rollout.colocated reads the learner's).
+        owner holds the policy version: distrl.rollout.learner_generates reads the learner's).
         Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer.
         On CUDA it samples through the fast path (captured graphs stay valid: optimizers update the
         weights in place) unless the model is PEFT-wrapped (its adapters may be swapped).
