@@ -47,6 +47,7 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -275,10 +276,10 @@ def run_verl(args, model_dir: str, work: Path, out: Path) -> dict:
         raise SystemExit(f"verl's config has no key for: {bad}")
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     steps, log = [], open(out / f"verl_{args.workload}.log", "w")
-    env = {**__import__("os").environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0",
+    path = [p for p in (args.peer_site, str(ROOT), os.environ.get("PYTHONPATH")) if p]  # verl's wheels first
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "PYTHONPATH": ":".join(path),
            "VLLM_CACHE_ROOT": str(work / "cache" / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(work / "cache" / "inductor"),
-           "TRITON_CACHE_DIR": str(work / "cache" / "triton"), "PYTHONPATH": f"{ROOT}:" + __import__("os").environ.get(
-               "PYTHONPATH", "")}
+           "TRITON_CACHE_DIR": str(work / "cache" / "triton")}
     started = time.time()
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
@@ -454,6 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="vs_peer_out")
     parser.add_argument("--work", default="/tmp/vs_peer")
     parser.add_argument("--note", default="", help="report: a line kept in the JSON")
+    parser.add_argument("--peer_site", default=None, help="run: verl's wheels (put first on verl's PYTHONPATH only)")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: " + ", ".join(PEERS))
     parser.add_argument("--timeout_s", type=float, default=900.0, help="one dry-run's limit")
     parser.add_argument("--results", default=str(RESULTS))
