@@ -20,7 +20,8 @@
 #   vs_trl:WORKLOAD[:VARIANTS[:N[:FLAGS]]] bench.vs_trl run --workload fixed|variable --trl VARIANTS (default
 #                                 hf,continuous; none) --versions N (default 15) --distrl_flags FLAGS (commas: spaces;
 #                                 `|` separates distrl sides, each its own --distrl_flags; `default`: no flags)
-#   real_model[:CASES[:MIN]]      bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+#   real_model[:CASES[:MIN[:FLAGS]]] bench.real_model run --cases CASES (default distrl1,trl) --minutes MIN (default 2)
+#                                 FLAGS (commas: spaces; e.g. --clock,launch,--max_steps,60,--stop_gain,0.15)
 #   su[:CASES[:STEPS]]            bench.startup run --cases CASES (default hf-cold,hf-warm,vllm-cold,vllm-warm)
 #                                 --max_steps STEPS (default 2): start-up phases, cold and warm compile caches
 #   pytest:PATH                   pytest -m gpu PATH (e.g. tests/integration/test_hf_kernels_gpu.py)
@@ -30,6 +31,8 @@
 #                                 128) + MIN (default NEW / 4) to NEW (default 256) tokens
 #   dk[:FLAGS]                    bench.decode_kernels FLAGS (commas: spaces): the decode kernels' launch settings
 #   ac[:FLAGS]                    bench.actor_call FLAGS (commas: spaces) on SmolLM2 and GSM8K: where an actor's call goes
+#   peer:WORKLOAD[:FLAGS]         bench.vs_peer run --workload variable|arith FLAGS (commas: spaces): verl 0.9.1 (GRPO,
+#                                 colocated) against distrl (issue 43); needs the peer's wheels staged first (below)
 #   mps:on|off                    a private CUDA MPS control daemon (pipe /tmp/mps/pipe): `on` starts it and checks that
 #                                 a CUDA process runs under it, after which env-run's processes are its clients; `off`
 #                                 quits it (the GPU's compute mode is left as it is)
@@ -37,6 +40,11 @@
 # within 30 s) is `poll SECONDS`: waits up to SECONDS for the queue's end, packs /tmp/g22 (and the runs' logs and
 # TensorBoard) into $OUT/g22.tgz and prints the logs' last lines. Measured 2026-12-02: staging 108 s of held
 # machine (start included), install 8 s, equal 250 s, decode 240 s, variable_length 233 s.
+#
+# The second peer (issue 43, bench/vs_peer.py): `pack-peer` (here) downloads bench/gpu_peer_wheels.txt (--no-deps)
+# and builds antlr4-python3-runtime 4.9.3's wheel (an sdist on the registry) into .gpu/peer/1 .. N (56 MiB pieces);
+# there `stage-peer .gpu/peer/K` per piece (carry [".gpu/peer/K"]), then a `start` whose steps include `peer:...`
+# installs them once under /tmp/peer_site (`install-peer`), which only verl's process puts ahead of /tmp/site.
 #
 # What is packed:
 # - vllm 0.26.0 (the last release that pins torch 2.11.0, the image's; its kernels link libcudart.so.13 as the
@@ -48,7 +56,7 @@
 #   Qwen2.5 tokenizer (../shared/data/tokenizers/qwen2.5) for the 0.5B architecture; GSM8K's train.jsonl
 #   (../shared/data/gsm8k) beside the last piece, as gsm8k_train.jsonl
 set -euo pipefail
-mode=${1:?pack, stage DIR, install, env-run CMD, start DIR [STEPS] or poll SECONDS}
+mode=${1:?pack, stage DIR, install, env-run CMD, start DIR [STEPS], poll SECONDS, pack-peer, stage-peer DIR or install-peer}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PIECE_MB=56
 VLLM=vllm==0.26.0
@@ -83,6 +91,31 @@ pack() {
   cp "$ROOT/../shared/data/gsm8k/train.jsonl" "$ROOT/.gpu/v22/$((k - 1))/gsm8k_train.jsonl"
   rm -rf "$stage"
   du -sh "$ROOT"/.gpu/v22/*
+}
+
+pack_peer() {  # verl's wheels (bench/gpu_peer_wheels.txt) in pieces under .gpu/peer
+  local stage; stage=$(mktemp -d)
+  mkdir -p "$stage/peer"
+  grep -v '^#' "$ROOT/bench/gpu_peer_wheels.txt" | grep . > "$stage/req.txt"
+  python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$stage/peer" -r "$stage/req.txt"
+  python3 -m pip wheel -q --no-deps -w "$stage/peer" antlr4-python3-runtime==4.9.3
+  tar -cf "$stage/peer.tar" -C "$stage" peer
+  rm -rf "$ROOT/.gpu/peer"
+  split -b "${PIECE_MB}M" -d "$stage/peer.tar" "$stage/piece."
+  local k=1
+  for f in "$stage"/piece.*; do mkdir -p "$ROOT/.gpu/peer/$k" && mv "$f" "$ROOT/.gpu/peer/$k/"; k=$((k + 1)); done
+  rm -rf "$stage"
+  du -sh "$ROOT"/.gpu/peer/*
+}
+
+install_peer() {  # join the peer's pieces and install its wheels under /tmp/peer_site (once per machine)
+  [ -f /tmp/peer_site/.peer_staged ] && return 0
+  cd /tmp/peerstage || return 1
+  if ls piece.* > /dev/null 2>&1; then cat piece.* | tar -xf - && rm piece.* || return 1; fi
+  mkdir -p /tmp/peer_site || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peer_site peer/*.whl || return 1
+  touch /tmp/peer_site/.peer_staged
+  du -sh /tmp/peer_site
 }
 
 install() {  # join the pieces, unpack vllm and install the wheels under /tmp/site (once per machine)
@@ -124,7 +157,8 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --versions "${c:-15}" --model "$model" --tokenizer "$pack/qwen2.5" --dataset /tmp/v22stage/gsm8k_train.jsonl \
           --out "$g/vs_trl$k" --work "/tmp/vs_trl$k" --hard_s 400 "${variants[@]}" ;;
     real_model) step "$k-real_model" bash "$0" env-run python3 -m bench.real_model run --model "$model" \
-          --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 ;;
+          --out "$g/rm$k" --work "/tmp/real_model$k" --cases "${a:-distrl1,trl}" --minutes "${b:-2}" --hard_s 400 \
+          ${c//,/ } ;;
     su) step "$k-startup" bash "$0" env-run python3 -m bench.startup run --model "$model" --out "$g/su$k" \
           --work "/tmp/startup$k" --cases "${a:-hf-cold,hf-warm,vllm-cold,vllm-warm}" --max_steps "${b:-2}" ;;
     pytest) step "$k-pytest" bash "$0" env-run python3 -m pytest -q -s -m gpu -p no:cacheprovider "$a" ;;
@@ -134,6 +168,10 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --mfu_variants "$variants" --profile_variant "${variants%%,*}" --prompt_len "${b:-128}" \
           --max_new_tokens "${c:-256}" ${min:+--min_new_tokens "$min"} --out "$g/learner$k" --work "/tmp/learner$k" ;;
     dk) step "$k-dk" bash "$0" env-run python3 -m bench.decode_kernels --out "$g/dk$k" ${a//,/ } ;;
+    peer) step "$k-install-peer" bash "$0" install-peer
+          step "$k-peer-$a" bash "$0" env-run python3 -m bench.vs_peer run --workload "$a" --model "$model" \
+          --dataset /tmp/v22stage/gsm8k_train.jsonl --peer_site /tmp/peer_site --out "$g/peer$k" \
+          --work "/tmp/vs_peer$k" ${b//,/ } ;;
     mps) step "$k-mps-$a" bash "$0" mps "$a" ;;
     ac) step "$k-ac" bash "$0" env-run python3 -m bench.actor_call --model "$model" \
           --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/ac$k" ${a//,/ } ;;
@@ -174,11 +212,14 @@ case "$mode" in
   session) cd "$ROOT" && session ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
-      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs \
+      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs vs_peer*/*/*.log \
         vs_trl*/*/tb startup*/*/logs startup*/*/summary.json 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   pack) pack "${2:-}" ;;
+  pack-peer) pack_peer ;;
+  stage-peer) mkdir -p /tmp/peerstage && cp "$2"/* /tmp/peerstage/ && ls /tmp/peerstage ;;
+  install-peer) t0=$(date +%s); install_peer; echo "install-peer: $(( $(date +%s) - t0 )) s" ;;
   stage) mkdir -p /tmp/v22stage && cp "$2"/* /tmp/v22stage/ && ls /tmp/v22stage ;;
   install) t0=$(date +%s); install; echo "install: $(( $(date +%s) - t0 )) s" ;;
   mps) export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log

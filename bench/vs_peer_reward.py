@@ -1,0 +1,33 @@
+"""verl's custom reward function for bench/vs_peer.py: distrl's own task reward on the same problems.
+
+verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` per completion; each row of the
+parquet files bench/vs_peer.py writes carries its distrl problem (pickled, base64) in ``extra_info["problem"]`` and
+the task's settings in ``extra_info["task"]`` (JSON), so the reward is distrl's ``Task.reward``, exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+
+_TASKS: dict[str, object] = {}
+
+
+def task_of(spec: str):
+    """The distrl task of a JSON spec ``{"name", "dataset", "template"}`` (built once per process)."""
+    if spec not in _TASKS:
+        from distrl.rollout.tasks import load_task
+
+        s = json.loads(spec)
+        extra = {"arith_ops": ("+", "-"), "arith_max_operand": 99} if s["name"] == "arith" else {}
+        task = load_task(s["name"], s.get("dataset"), seed=1, **extra)
+        if s.get("template"):
+            task.set_prompt(s["template"])
+        _TASKS[spec] = task
+    return _TASKS[spec]
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw) -> float:
+    problem = pickle.loads(base64.b64decode(extra_info["problem"]))
+    return float(task_of(extra_info["task"]).reward(solution_str, [], problem)[0])
