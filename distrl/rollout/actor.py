@@ -26,8 +26,9 @@ import pyarrow as pa
 from distrl.core.advantages import group_advantages
 from distrl.core.metrics import Metrics
 from distrl.core.rows import table_from_rows
+from distrl.core.run_options import BatchOptions, SharedOptions
 from distrl.core.startup import mark
-from distrl.rollout.config import TaskOptions
+from distrl.rollout.config import PromptOptions, RolloutOptions, TaskOptions
 from distrl.rollout.engines.base import PromptResult
 from distrl.rollout.prompt_fit import LongPrompts, prompt_limit
 from distrl.rollout.reward_workers import DEFAULT_WORKERS
@@ -55,8 +56,10 @@ LOAD_ATTEMPTS = 3  # versions tried in one refresh when a load fails (each newer
 class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
-    ``cfg`` is the command's composed config (`distrl.cmd.config.RolloutConfig` or `TrainConfig`): the
-    sections of distrl/rollout/config.py and the shared ones of distrl/core/run_options.py. ``endpoints``: the
+    Its inputs are the rollout's config sections (distrl/rollout/config.py: ``prompt``, ``generation`` and
+    ``rollout``, the actor's own; None for a generator on a learner's engine, which reads none of it), the
+    foundation's (distrl/core/run_options.py: ``shared``, ``batch``), ``resumed`` (the run continues an earlier one)
+    and the objects assembled for it; never a command's config. ``endpoints``: the
     buffer's and the learner's addresses, or a callable that returns them, called once the engine is loaded and
     warmed up (``distrl train`` starts its actors while the learners load).
     """
@@ -66,35 +69,39 @@ class RolloutActor:
         """The policy version this actor serves: its engine's, the one owner (``colocated`` reads its learner's)."""
         return self.engine.version
 
-    def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints | Callable[[], ActorEndpoints],
-                 model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
-                 name: str | None = None):
+    def __init__(self, prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions | None,
+                 shared: SharedOptions, batch: BatchOptions, actor_id: int,
+                 endpoints: ActorEndpoints | Callable[[], ActorEndpoints], model_dir: str, work_dir: str,
+                 tb_dir: str | None = None, rejoin: bool = False, engine=None, name: str | None = None,
+                 resumed: bool = False):
         from distrl.core.buffer_client import BufferClient
         from distrl.rollout.engines import make_engine
         from distrl.rollout.tasks import load_task
 
-        self.cfg, self.actor_id = cfg, actor_id
+        self.prompt, self.generation, self.rollout, self.shared, self.batch = prompt, generation, rollout, shared, batch
+        self.actor_id = actor_id
         self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
-        workers = cfg.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
-        self.task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, arith_ops=cfg.arith_ops,
-                              arith_max_operand=cfg.arith_max_operand, verify_workers=workers)
-        self.task.set_prompt(cfg.prompt_template, cfg.chat_template)
+        workers = generation.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
+        self.task = load_task(prompt.task, prompt.dataset, seed=shared.seed, arith_ops=prompt.arith_ops,
+                              arith_max_operand=prompt.arith_max_operand, verify_workers=workers)
+        self.task.set_prompt(prompt.prompt_template, prompt.chat_template)
         # every actor leaves the held-out problems of --eval_every out of its stream (before taking any)
-        heldout = self.task.heldout(cfg.eval_size, cfg.seed) if cfg.eval_every else []
+        heldout = self.task.heldout(generation.eval_size, shared.seed) if generation.eval_every else []
         # [(completion_text, completion_ids, problem)] -> [(reward, components)], a hand-back's at once
         self.rewards, self.user_reward = self.task.rewards, None
-        if cfg.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
-            self.user_reward = UserReward(cfg.reward, cfg.reward_timeout_s, workers)
+        if generation.reward is not None:  # import and call it once now: a bad --reward fails here, not mid-run
+            self.user_reward = UserReward(generation.reward, generation.reward_timeout_s, workers)
             self.user_reward.check(next(self.task.problems(seed=0)))
             self.rewards = self.user_reward.score_many
         # a given engine (distrl.rollout.colocated shares the learner's model) never changes weights mid-call
         self.inflight_update = "off"
         if engine is None:
-            engine = make_engine(cfg.engine, model_dir, cfg.tokenizer, cfg.dtype, cfg.lora_rank, cfg.max_model_len,
-                                 seed=cfg.seed * 1000 + actor_id, merge_lora=cfg.merge_lora, batching=cfg.batching,
-                                 max_num_seqs=cfg.max_num_seqs, lora=cfg.finetune == "lora",
-                                 gpu_memory_utilization=cfg.gpu_memory_utilization)
-            self.inflight_update = cfg.inflight_update
+            engine = make_engine(rollout.engine, model_dir, shared.tokenizer, shared.dtype, shared.lora_rank,
+                                 shared.max_model_len, seed=shared.seed * 1000 + actor_id,
+                                 merge_lora=rollout.merge_lora, batching=generation.batching,
+                                 max_num_seqs=generation.max_num_seqs, lora=shared.finetune == "lora",
+                                 gpu_memory_utilization=rollout.gpu_memory_utilization)
+            self.inflight_update = rollout.inflight_update
         self.engine = engine
         mark("engine_ready")  # start-up marks (distrl.core.startup)
         engine.warm_up()  # compiles now (CUDA), while distrl train's learners load, not in the first rollouts
@@ -103,21 +110,21 @@ class RolloutActor:
             endpoints = endpoints()
         mark("learner_endpoints")
         self.task.prompt(next(self.task.problems(seed=0)), self.engine.tokenizer)  # --chat_template on: checked
-        self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=cfg.long_prompts,
-                                        limit=prompt_limit(cfg.max_model_len, cfg.max_new_tokens, engine.max_model_len),
-                                        max_new_tokens=cfg.max_new_tokens)
+        limit = prompt_limit(shared.max_model_len, shared.max_new_tokens, engine.max_model_len)
+        self.long_prompts = LongPrompts(self.task, engine.tokenizer, policy=generation.long_prompts, limit=limit,
+                                        max_new_tokens=shared.max_new_tokens)
         # (problem, prompt text, prompt ids) of the prompts that fit (--long_prompts: long ones skipped or cut)
-        self.problems = self.long_prompts.stream(self.task.problems(seed=cfg.seed * 1000 + actor_id))
+        self.problems = self.long_prompts.stream(self.task.problems(seed=shared.seed * 1000 + actor_id))
         self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
-        self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
-                                   curve_client_key=cfg.buffer_curve_client_key)
-        if cfg.resume or rejoin:  # resumed, or restarted after a crash: none of an acknowledged group's seeds reused
+        self.client = BufferClient(endpoints.buffer, self.name, curve_server_key=shared.buffer_curve_server_key,
+                                   curve_client_key=shared.buffer_curve_client_key)
+        if resumed or rejoin:  # resumed, or restarted after a crash: none of an acknowledged group's seeds reused
             self._skip_used_problems()
         self.long_prompts.skipped = self.long_prompts.truncated = 0  # count the ones met while generating
         self.evaluator = self._periodic_eval(heldout, work_dir) if heldout and actor_id == 0 else None
         self._connect_weights(endpoints, work_dir)
         self.digest = ""  # the verified digest of the payload the engine serves ("": version 0, nothing loaded)
-        self.stamps = Stamper(self.engine.canary_logprob, cfg.attest_weights)  # distrl.weights.attest
+        self.stamps = Stamper(self.engine.canary_logprob, shared.attest_weights)  # distrl.weights.attest
         self.metrics = Metrics(tb_dir)
         self._seq = 0
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
@@ -136,11 +143,15 @@ class RolloutActor:
             log.warning("%s: %d of the %d held-out problems are longer as templated than the %s prompt tokens "
                         "--max_model_len leaves: evaluated without them", self.name, len(heldout) - len(kept),
                         len(heldout), self.long_prompts.limit)
-        return PeriodicEval(self.cfg, self.task, kept, Path(work_dir) / "eval.jsonl") if kept else None
+        if not kept:
+            return None
+        return PeriodicEval(self.generation.eval_every, self.task, kept, Path(work_dir) / "eval.jsonl",
+                            num_samples=self.rollout.eval_num_samples, temperature=self.rollout.eval_temperature,
+                            max_new_tokens=self.shared.max_new_tokens, seed=self.shared.seed)
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Subscribe to the learner's announcements and set up the weight loader of --weights_transport."""
-        cfg = self.cfg
+        shared = self.shared
         self.weights = WeightSubscriber(endpoints.weights_pub, endpoints.weights_latest, self.name)
         try:  # a late or restarted actor starts from the current version, not from version 0
             self.weights.request_latest(timeout_s=10)
@@ -148,9 +159,9 @@ class RolloutActor:
             log.warning("%s: no weight endpoint answer yet at %s: starting from version 0", self.name,
                         endpoints.weights_latest)
         options = LoadOptions(endpoints.weights_latest, Path(work_dir) / "weights_cache" / self.name,
-                              rank=1 + self.actor_id, actors=cfg.number_of_actors,
-                              broadcast_port=cfg.weights_broadcast_port, device=self.engine.device)
-        self.loader = transport(cfg.weights_transport).loader(options, self.weights)
+                              rank=1 + self.actor_id, actors=shared.number_of_actors,
+                              broadcast_port=shared.weights_broadcast_port, device=self.engine.device)
+        self.loader = transport(shared.weights_transport).loader(options, self.weights)
 
     def _refresh_weights(self, min_version: int, target=None) -> None:
         """Serve the newest announced version (or the announcement `target`); block until one >= min_version exists."""
@@ -237,8 +248,8 @@ class RolloutActor:
             hook = None if self.inflight_update == "off" else self._between_steps
             done: set[int] = set()
             try:
-                for finished in self.engine.generate_groups([prompts[i] for i in left], self.cfg.group_size,
-                                                            self.cfg.temperature, self.cfg.max_new_tokens,
+                for finished in self.engine.generate_groups([prompts[i] for i in left], self.batch.group_size,
+                                                            self.shared.temperature, self.shared.max_new_tokens,
                                                             between_steps=hook, seed=seed):
                     done.update(left[j] for j, _ in finished)
                     yield [(left[j], result, _versions(result, base, start_version, self.version))
@@ -262,7 +273,7 @@ class RolloutActor:
         scored, at = self.rewards(items), 0
         timeouts = timed_out(scored)
         if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
-            limit = (f"--reward_timeout_s {self.cfg.reward_timeout_s}" if self.user_reward else
+            limit = (f"--reward_timeout_s {self.generation.reward_timeout_s}" if self.user_reward else
                      f"math_verify's {self.task.verifier.timeout_s} s limit")
             log.warning("%s: %d rewards ran past %s and scored 0 (component `timeout`); counted in TensorBoard "
                         "actor/reward_timeouts and summary.json's reward_timeouts", self.name, timeouts, limit)
@@ -280,10 +291,10 @@ class RolloutActor:
         its Arrow rows. ``versions``: the policy versions of the group's first and last tokens; ``gen_s``:
         seconds from the call's start to the group's end."""
         comps = result.completions
-        scored = [apply_truncation(r, comp, c.finish_reason, self.cfg.truncation)
+        scored = [apply_truncation(r, comp, c.finish_reason, self.shared.truncation)
                   for c, (r, comp) in zip(comps, scored)]
         rewards = [r for r, _ in scored]
-        advantages = group_advantages(rewards, self.cfg.advantage_estimator)
+        advantages = group_advantages(rewards, self.shared.advantage_estimator)
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
         stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
@@ -291,7 +302,7 @@ class RolloutActor:
         rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=versions[0], last_policy_version=versions[1],
                      prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
-                     temperature=self.cfg.temperature, reward=r, reward_components=comp, advantage=a,
+                     temperature=self.shared.temperature, reward=r, reward_components=comp, advantage=a,
                      finish_reason=c.finish_reason, prompt_text=prompt_text, completion_text=c.text,
                      gen_start_time=t0, gen_seconds=gen_s)
                 for i, (c, (r, comp), a) in enumerate(zip(comps, scored, advantages))]
@@ -302,7 +313,7 @@ class RolloutActor:
         problems, prompts, prompt_ids = zip(*(next(self.problems) for _ in range(granted)))
         # Prompt i of this call samples with seeds seed + i * group_size + j (vLLM's n > 1 uses seed + j),
         # so no two completions of a run share a seed.
-        seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.cfg.group_size
+        seed = (self.shared.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.batch.group_size
         self.position += granted
         t0, c0 = time.time(), time.perf_counter()
         start_version, groups, results = self.version, [], []
@@ -316,9 +327,9 @@ class RolloutActor:
         tokens = sum(len(c.token_ids) for result in results for c in result.completions)
         self.tokens += tokens
         reasons = [f for g in groups for f in g.column("finish_reason").to_pylist()]
-        if self.actor_id == 0 and self.cfg.log_samples and start_version != self._samples_version:
+        if self.actor_id == 0 and self.rollout.log_samples and start_version != self._samples_version:
             self._samples_version = start_version
-            self.metrics.text("actor/samples", samples_markdown(groups, self.cfg.log_samples), step=start_version)
+            self.metrics.text("actor/samples", samples_markdown(groups, self.rollout.log_samples), step=start_version)
         return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
                 "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
@@ -332,7 +343,7 @@ class RolloutActor:
         groups, idle_s, start = 0, 0.0, time.perf_counter()
         self._evaluate_if_due()  # version 0, before any update
         while True:
-            reply = self.client.credits(want=max(1, self.cfg.batch_size // self.cfg.number_of_actors))
+            reply = self.client.credits(want=max(1, self.batch.batch_size // self.shared.number_of_actors))
             if reply.get("stop"):  # training is over: serve the final version, then return
                 self._serve_final()
                 break

@@ -24,7 +24,9 @@ import socket
 import time
 from typing import Callable
 
+from distrl.core.run_options import BatchOptions, SharedOptions
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
+from distrl.rollout.config import PromptOptions, TaskOptions
 
 log = logging.getLogger("distrl.actor")
 
@@ -33,32 +35,35 @@ class LearnerGenerator(RolloutActor):
     """Generates groups with learner ``rank``'s ``model`` (a torch causal LM, PEFT-wrapped or not).
 
     Args:
-        cfg: the run's config (a TrainConfig or LearnConfig: the task's and the shared sections; an actor's
-            own options are not read: the engine is the learner's, its weights never change mid-call).
+        prompt, generation, shared, batch: the run's sections a generator reads (an actor's own ``rollout``
+            section is not: the engine is the learner's, its weights never change mid-call).
         rank: the learner's rank; the rows' ``actor_id`` is ``-1 - rank``.
+        learners: the learner count (each generator asks credits for its share of a version's batch).
         model: the learner's model object, shared (not copied).
         buffer_address: the buffer's ZMQ endpoint.
         model_dir: where the tokenizer is read (``--tokenizer`` when given).
+        work_dir: the run directory.
         policy_version: reads the learner's policy version (``lambda: learner.version``): the learner owns it;
             the generator and its shared engine hold none (:attr:`version` reads this).
         tb_dir: TensorBoard directory of its ``actor/*`` scalars (None: none).
     """
 
-    def __init__(self, cfg, rank: int, model, buffer_address: str, model_dir: str,
+    def __init__(self, prompt: PromptOptions, generation: TaskOptions, shared: SharedOptions, batch: BatchOptions,
+                 rank: int, learners: int, model, buffer_address: str, model_dir: str, work_dir: str,
                  policy_version: Callable[[], int], tb_dir: str | None = None):
         from transformers import AutoTokenizer
 
         from distrl.rollout.engines.hf import HFEngine
 
         self.rank, self.model, self._policy_version = rank, model, policy_version
-        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
-        engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank,
-                                  batching=cfg.batching, max_num_seqs=cfg.max_num_seqs)
-        super().__init__(cfg, -1 - rank,
-                         ActorEndpoints(buffer_address, "", ""), model_dir, work_dir=str(cfg.run_dir),
+        tokenizer = AutoTokenizer.from_pretrained(shared.tokenizer or model_dir)
+        engine = HFEngine.sharing(model, tokenizer, shared.max_model_len, seed=shared.seed * 1000 + 999 - rank,
+                                  batching=generation.batching, max_num_seqs=generation.max_num_seqs)
+        super().__init__(prompt, generation, None, shared, batch, -1 - rank,
+                         ActorEndpoints(buffer_address, "", ""), model_dir, work_dir=str(work_dir),
                          tb_dir=tb_dir, engine=engine, name=f"learner{rank}@{socket.gethostname()}")
         self.groups, self.generate_s = 0, 0.0
-        self.want = max(1, cfg.batch_size // cfg.number_of_learners)
+        self.want = max(1, batch.batch_size // learners)
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Nothing to subscribe to: the engine samples with the learner's own weights."""

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.learn.distributed import init_distributed_from_env
 from distrl.learn.learner import Learner, loss_config
@@ -30,7 +31,7 @@ def tiny(tmp_path_factory):
 
 def learner(tiny, **kw) -> Learner:
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=8, **kw)
-    return Learner(cfg, 0, 1, ADDRESS, tiny)
+    return Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
 
 
 def batch(seed=0) -> pa.Table:
@@ -154,7 +155,7 @@ def test_load_in_4bit_refused_on_cpu(tiny):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     with pytest.raises(RuntimeError, match="--load_in_4bit needs an NVIDIA GPU"):
-        Learner(TrainConfig(model=tiny, load_in_4bit=True), 0, 1, ADDRESS, tiny)
+        Learner(*learner_sections(TrainConfig(model=tiny, load_in_4bit=True)), 0, 1, ADDRESS, tiny)
 
 
 def test_loss_config_from_flags():

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.rows import table_from_rows
 from distrl.learn.batch import collate, pack
@@ -81,7 +82,7 @@ def loss_and_grads(lrn: Learner, rows: list[dict]) -> tuple[float, list[torch.Te
 def test_packed_equals_padded(tiny, flags):
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=16,
                       learner="grpo", off_policy="decoupled", learner_chunk_size=16, **flags)
-    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    lrn = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     rows = rows_of_mixed_lengths()
     lrn.train_step(table_from_rows(rows_of_mixed_lengths(seed=1)))  # LoRA B != 0: the adapter matters
     padded_loss, padded = loss_and_grads(lrn, rows)
