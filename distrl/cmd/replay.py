@@ -99,11 +99,11 @@ def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
 
 def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tuple[int, int]:
     """(versions the log can feed under these rules, groups in the log), by running the selection alone."""
+    from distrl.buffer.assemble import make_store
     from distrl.buffer.recovery import restore_store
-    from distrl.buffer.store import GroupStore
+    from distrl.cmd.assemble import buffer_sections
 
-    store = GroupStore(train.batch_size, train.max_staleness, train.k, train.group_size, train.topk_by, train.order,
-                       train.filter_zero_variance, train.replay_ratio, restamp=restamp)
+    store = make_store(*buffer_sections(train), restamp=restamp, bounded=False)
     groups = restore_store(store, source, use_consumed=False)["groups"]
     version = 0
     while store.select(version, 0, 1) is not None:

@@ -163,7 +163,7 @@ def test_loss_config_from_flags():
     lc = loss_config(cfg)
     assert lc.kind == "grpo" and (lc.clip_eps_low, lc.clip_eps_high) == (0.2, 0.28)
     assert (lc.off_policy.method, lc.off_policy.level, lc.off_policy.cap) == ("tis", "sequence", 3.0)
-    assert cfg.aggregation == "sequence-mean-token-sum-norm" and cfg.advantage_estimator == "dr_grpo"
+    assert cfg.aggregation == "sequence-mean-token-sum-norm" and cfg.shared.advantage_estimator == "dr_grpo"
     assert TrainConfig().aggregation == "token-mean"
 
 
