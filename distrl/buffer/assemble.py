@@ -69,8 +69,7 @@ def build_buffer(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOpt
             record is in it before its ACK or BATCH; a resume without a log here fetches the replica's first.
     Raises FileExistsError if a fresh buffer's run directory already holds segments, RunDirLocked (a
     FileExistsError) if another process serves a buffer there, FileNotFoundError if ``resume`` finds no
-    segment log, BindError if
-    the address cannot be bound, ValueError on bad options or a corrupt log.
+    segment log, BindError if the address cannot be bound, ValueError on bad options or a corrupt log.
     """
     replay = replay_from is not None
     if not resume and not replay and segment_paths(run_dir):

@@ -79,74 +79,82 @@ def section_default(cls: type, name: str):
     return field.default_factory()
 
 
+def _init_flat(init):
+    """The dataclass's ``__init__`` of sections, taking flat option names too (each goes into its section)."""
+
+    def __init__(self, *args, **given):
+        cls = type(self)
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in given if k not in fields and k not in cls._flat)
+        if unknown:
+            raise TypeError(f"{cls.__name__}: unknown option(s) {', '.join(unknown)}")
+        direct = {k: v for k, v in given.items() if k in fields}
+        for name in cls._sections:  # each config owns its section objects (none shared with another config)
+            values = {k: v for k, v in given.items() if cls._flat.get(k) == name and k not in fields}
+            base = direct[name] if name in direct else section_default(cls, name)
+            direct[name] = dataclasses.replace(base, **values)
+        init(self, *args, **direct)
+        self.__post_init__()  # the dataclass's own __init__ calls none: it was added after @dataclass
+
+    __init__.__wrapped__ = init
+    return __init__
+
+
+def _validate(self) -> None:
+    """Raise ValueError naming the first bad option: each section's own check, then the rules joining two."""
+    for name in type(self)._sections:
+        section = getattr(self, name)
+        if hasattr(section, "check"):
+            section.check()
+    for rule in type(self).rules:
+        rule(self)
+
+
+def _get_flat(self, name: str):
+    section = type(self)._flat.get(name)
+    if section is None:
+        raise AttributeError(f"{type(self).__name__} has no option {name!r}")
+    return getattr(getattr(self, section), name)
+
+
+def _set_flat(self, name: str, value) -> None:
+    section = type(self)._flat.get(name)
+    if section is None:
+        object.__setattr__(self, name, value)
+    else:
+        setattr(getattr(self, section), name, value)
+
+
 def composed(*rules: Callable[[Any], None], settle: Callable[[Any], None] | None = None,
              prepare: Callable[[Any], None] | None = None):
     """Class decorator over ``@dataclass``: make ``cls`` a command's config (module docstring). ``rules``: the
     cross-section rules checked after each section's own; ``settle(cfg)``: derived values joining sections
     (role counts), run after each section's ``resolve``; ``prepare(cfg)``: run before them (`--join`)."""
 
+    def __post_init__(self) -> None:
+        if prepare is not None:
+            prepare(self)
+        for name in type(self)._sections:
+            section = getattr(self, name)
+            if hasattr(section, "resolve"):
+                section.resolve()
+        if settle is not None:
+            settle(self)
+        self.validate()
+
     def wrap(cls: type) -> type:
         cls._sections = _section_names(cls)
         cls._flat = _flat_index(cls)
         cls.rules = rules
-        init = cls.__init__
-
-        def __init__(self, *args, **given):
-            fields = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(k for k in given if k not in fields and k not in cls._flat)
-            if unknown:
-                raise TypeError(f"{cls.__name__}: unknown option(s) {', '.join(unknown)}")
-            direct = {k: v for k, v in given.items() if k in fields}
-            for name in cls._sections:  # each config owns its section objects (none shared with another config)
-                values = {k: v for k, v in given.items() if cls._flat.get(k) == name and k not in fields}
-                base = direct[name] if name in direct else section_default(cls, name)
-                direct[name] = dataclasses.replace(base, **values)
-            init(self, *args, **direct)
-            self.__post_init__()  # the dataclass's own __init__ calls none: it was added after @dataclass
-
-        def __post_init__(self) -> None:
-            if prepare is not None:
-                prepare(self)
-            for name in cls._sections:
-                section = getattr(self, name)
-                if hasattr(section, "resolve"):
-                    section.resolve()
-            if settle is not None:
-                settle(self)
-            self.validate()
-
-        def validate(self) -> None:
-            """Raise ValueError naming the first bad option: each section's own check, then the rules joining two."""
-            for name in cls._sections:
-                section = getattr(self, name)
-                if hasattr(section, "check"):
-                    section.check()
-            for rule in cls.rules:
-                rule(self)
-
-        def __getattr__(self, name: str):
-            section = cls._flat.get(name)
-            if section is None:
-                raise AttributeError(f"{cls.__name__} has no option {name!r}")
-            return getattr(getattr(self, section), name)
-
-        def __setattr__(self, name: str, value) -> None:
-            section = cls._flat.get(name)
-            if section is None:
-                object.__setattr__(self, name, value)
-            else:
-                setattr(getattr(self, section), name, value)
-
-        __init__.__wrapped__ = init
-        cls.__init__ = __init__
+        cls.__init__ = _init_flat(cls.__init__)
         cls.__post_init__ = __post_init__
-        cls.validate = validate
-        cls.__getattr__ = __getattr__
-        cls.__setattr__ = __setattr__
+        cls.validate = _validate
+        cls.__getattr__ = _get_flat  # flat names read and set their section's field (the commands' code)
+        cls.__setattr__ = _set_flat
         cls.to_flat = to_flat
         cls.to_json = lambda self: json.dumps(to_flat(self), indent=2, sort_keys=True)
         cls.from_flat = classmethod(from_flat)
         cls.from_json = classmethod(lambda c, text: from_flat(c, json.loads(text)))
-        return tyro.conf.configure(tyro.conf.OmitArgPrefixes)(cls)
+        return tyro.conf.configure(tyro.conf.OmitArgPrefixes)(cls)  # flags keep their flat names
 
     return wrap

@@ -70,22 +70,19 @@ class RolloutActor:
         return self.engine.version
 
     def __init__(self, prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions | None,
-                 shared: SharedOptions, batch: BatchOptions, actor_id: int,
-                 endpoints: ActorEndpoints | Callable[[], ActorEndpoints], model_dir: str, work_dir: str,
-                 tb_dir: str | None = None, rejoin: bool = False, engine=None, name: str | None = None,
-                 resumed: bool = False):
+                 shared: SharedOptions, batch: BatchOptions, actor_id: int, endpoints: ActorEndpoints | Callable,
+                 model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False, engine=None,
+                 name: str | None = None, resumed: bool = False):
         from distrl.core.buffer_client import BufferClient
         from distrl.rollout.engines import make_engine
         from distrl.rollout.tasks import load_task
 
         self.prompt, self.generation, self.rollout, self.shared, self.batch = prompt, generation, rollout, shared, batch
-        self.actor_id = actor_id
-        self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
+        self.actor_id, self.name = actor_id, name or f"actor{actor_id}"  # the name: also its sender name
         workers = generation.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
         self.task = load_task(prompt.task, prompt.dataset, seed=shared.seed, arith_ops=prompt.arith_ops,
                               arith_max_operand=prompt.arith_max_operand, verify_workers=workers)
-        self.task.set_prompt(prompt.prompt_template, prompt.chat_template)
-        # every actor leaves the held-out problems of --eval_every out of its stream (before taking any)
+        self.task.set_prompt(prompt.prompt_template, prompt.chat_template)  # held-out problems: left out of the stream
         heldout = self.task.heldout(generation.eval_size, shared.seed) if generation.eval_every else []
         # [(completion_text, completion_ids, problem)] -> [(reward, components)], a hand-back's at once
         self.rewards, self.user_reward = self.task.rewards, None

@@ -53,7 +53,7 @@ def test_no_recompile_after_the_warm_up(tiny, pack_tokens, flags):  # noqa: F811
     lrn = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
-    compile_layers(lrn.model, packed=pack_tokens > 0, kl=lrn.cfg.kl_coef > 0, backend="eager")
+    compile_layers(lrn.model, packed=pack_tokens > 0, kl=lrn.learn.kl_coef > 0, backend="eager")
     warm = dynamo_utils.counters["stats"]["unique_graphs"]
     assert warm > 0
     assert all(p.grad is None for p in lrn.params)  # the warm-up leaves no gradient behind
