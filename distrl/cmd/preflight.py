@@ -128,17 +128,19 @@ def check_train(cfg) -> None:
         return
     check_new_run(cfg)
     learn.check(cfg.shared)
-    rollout.check_inputs(cfg)
+    rollout.check_inputs(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared)
 
 
 def check_eval(cfg) -> None:
     """`distrl eval`: model, tokenizer, dataset and task, temperature, prompts' length."""
     from distrl.rollout import preflight as rollout
+    from distrl.rollout.prompt_fit import PromptSource
 
     rollout.check_sources(cfg.model, cfg.tokenizer)
     rollout.check_dataset(cfg.task, cfg.dataset)
     rollout.check_temperature(cfg.engine, cfg.sampling_temperature)
-    rollout.check_prompts(cfg)
+    rollout.check_prompts(PromptSource(cfg.prompt, cfg.model, cfg.tokenizer, cfg.seed, cfg.max_model_len,
+                                       cfg.max_new_tokens, split=cfg.split, limit=cfg.limit))
 
 
 def check_replay(cfg) -> None:
@@ -162,7 +164,7 @@ def _learn(cfg) -> None:
 def _rollout(cfg) -> None:
     from distrl.rollout import preflight
 
-    preflight.check(cfg)
+    preflight.check(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared)
 
 
 def _buffer(cfg) -> None:
