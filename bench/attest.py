@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results_file import merge
 from bench.runs import ENV, ROOT, command, train
 
 DEMO = ["--task", "arith", "--arith_ops", "+", "--finetune", "full", "--backend", "hf", "--engine", "hf",
@@ -154,7 +155,7 @@ def main() -> None:
     result = {**summarize(runs), "max_steps": args.max_steps, "pairs": args.pairs,
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "warm_start_command": command(warm_flags),
               "runs": runs}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    merge(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
 
 

@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results_file import merge  # noqa: E402
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot",
            "Question: what is 17 + 25? Answer:", "The three laws of motion are", "import numpy as np\n",
            "My favourite colour is", "In 1969, the first person to walk on the moon"]  # the GPU test's
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
            "bf16_vs_fp32_abs_diff_mean": round(statistics.fmean(diffs), 4),
            "bf16_vs_fp32_abs_diff_p99": round(diffs[int(0.99 * (len(diffs) - 1))], 4),
            "bf16_vs_fp32_abs_diff_max": round(diffs[-1], 4), "model": Path(args.model or default_model()).name}
-    (ROOT / "bench" / "results" / "bf16_level.json").write_text(json.dumps(res, indent=1))
+    merge(ROOT / "bench" / "results" / "bf16_level.json", res)
     print(json.dumps(res))
     return 0
 

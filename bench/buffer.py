@@ -52,6 +52,7 @@ import zmq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results_file import merge  # noqa: E402
 from distrl.core import wire  # noqa: E402
 from distrl.core.buffer_client import BufferClient  # noqa: E402
 from distrl.core.rows import COMPLETION_SCHEMA  # noqa: E402
@@ -454,8 +455,7 @@ def report(r: dict, n: int) -> None:
            "ingest_mb_s_replicated": round(med["replicated"] / 1e6, 1),
            "ingest_replicated_vs_unreplicated": round(ratio_replicated, 3),
            "machine": f"{os.cpu_count()} cores"}
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "buffer.json").write_text(json.dumps(out, indent=2) + "\n")
+    merge(ROOT / "bench" / "results" / "buffer.json", out, indent=2)
     print(json.dumps(out))
 
 

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from bench.chaos_report import KINDS, chaos_report, passed, read_jsonl
+from bench.results_file import merge
 from bench.runs import ROOT, command
 from distrl.buffer.segments import read_consumed, read_groups
 from tests.integration.test_buffer_node_loss import _start_node2
@@ -248,11 +249,11 @@ class Bench:
 
 
 def save(report: dict, out: Path) -> None:
-    """Write ``report``'s keys over ``out``'s (earlier keys kept) and append it to ``runs``."""
+    """Write ``report``'s keys over ``out``'s (earlier keys kept, each number's ``<key>_runs`` extended:
+    :func:`bench.results_file.merge`) and append it to ``runs``."""
     old = json.loads(out.read_text()) if out.is_file() else {}
     runs = old.get("runs", []) + [{**report, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**old, **report, "runs": runs}, indent=2) + "\n")
+    merge(out, {**report, "runs": runs}, indent=2)
 
 
 def parse_mix(text: str) -> dict[str, int]:

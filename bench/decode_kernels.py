@@ -1,12 +1,12 @@
 """The decode kernels' launch settings, swept on one GPU (issue 23, acceptance 3): each setting's time beside the
 default's, measured in the same run.
 
-- ``attention``: :func:`distrl.rollout.engines.hf_kernels.launch_decode_attention` on the 0.5B architecture's decode
+- ``attention``: :func:`distrl.rollout.engines.hf.kernels.launch_decode_attention` on the 0.5B architecture's decode
   shapes (``--slots`` slots, 14 query and 2 K/V heads of 64, bf16), every slot at context C for each C of
   ``--contexts`` (the slots' buffer holds C rounded up to 64 positions), over the settings ``--block_n`` x
   ``--warps`` x ``--stages`` x ``--programs_per_sm``, and FlashAttention's varlen kernel (``slot_attention``'s
   ``flash``) beside them. Bytes = slots x 2 heads x C x 64 x 2 (K and V) x 2 bytes; TB/s = bytes / time.
-- ``pick``: :func:`distrl.rollout.engines.hf_kernels.launch_sample_rows` on (``--slots``, 151,936) fp32 logits at T = 1,
+- ``pick``: :func:`distrl.rollout.engines.hf.kernels.launch_sample_rows` on (``--slots``, 151,936) fp32 logits at T = 1,
   over ``--pick_block`` x ``--pick_warps``; G entries/s.
 
 Times: CUDA events around ``--reps`` calls after 3 warm-up calls, the median of 5 such windows. Every setting's
@@ -82,7 +82,7 @@ def attention_context(args, context: int) -> dict:
     """Every setting at one context, beside the default and FlashAttention."""
     import torch
 
-    from distrl.rollout.engines import hf_kernels as hk
+    from distrl.rollout.engines.hf import kernels as hk
 
     scale = HEAD_DIM ** -0.5
     q, k, v, lengths = attention_inputs(args.slots, context)
@@ -117,7 +117,7 @@ def attention_context(args, context: int) -> dict:
 def case_pick(args) -> dict:
     import torch
 
-    from distrl.rollout.engines import hf_kernels as hk
+    from distrl.rollout.engines.hf import kernels as hk
 
     g = torch.Generator(device="cuda").manual_seed(1)
     logits = torch.randn(args.slots, VOCAB, device="cuda", generator=g) * 3

@@ -6,7 +6,7 @@ EOS ignored (every row runs its full length), timed in the same process after wa
 
     generate_static  model.generate(..., cache_implementation="static"): transformers compiles the
                      decode step itself (torch.compile, mode="reduce-overhead")
-    fast             distrl.rollout.engines.hf_fast.StaticSampler as the HF engine runs it on CUDA: static
+    fast             distrl.rollout.engines.hf.static.StaticSampler as the HF engine runs it on CUDA: static
                      cache, decode step run through torch.compile and captured in one CUDA graph,
                      fp32 head, sampling and per-token logprobs inside the graph
     fast_graph       the same without torch.compile (the graph replays unfused eager kernels)
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from distrl.rollout.engines.hf_fast import StaticSampler  # noqa: E402
+from distrl.rollout.engines.hf.static import StaticSampler  # noqa: E402
 
 QWEN25_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                   intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6,

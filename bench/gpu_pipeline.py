@@ -54,6 +54,8 @@ import time
 import traceback
 from pathlib import Path
 
+from bench.results_file import merge
+
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_FLOPS = 790e12  # bf16 dense matmul, measured on an H200 of this workplace (KINDS.md)
 
@@ -680,7 +682,7 @@ def main(argv=None) -> int:
                                           if trl_rate and "staleness2" in a else None),
         "date": results["date"], "machine": machine, "details": results,
     }
-    (out / "gpu_pipeline.json").write_text(json.dumps(summary, indent=1, default=str))
+    merge(out / "gpu_pipeline.json", summary)
     print(table(results))
     print(json.dumps({k: v for k, v in summary.items() if k != "details"}, default=str))
     return 0

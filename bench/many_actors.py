@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.buffer import free_port, thread_cpu  # noqa: E402
+from bench.results_file import merge  # noqa: E402
 from bench.sim_actors import Body, actor_host, go, group_template  # noqa: E402
 from distrl.core.buffer_client import BufferClient  # noqa: E402
 
@@ -268,7 +269,7 @@ def main() -> dict:
                     "mb_per_s", "buffer_cpu_us_per_group"):
             print(f"{key:>26}: {out[key]}")
         if a.out:
-            Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+            merge(a.out, out, indent=2)
     print(json.dumps(out), flush=True)
     return out
 

@@ -41,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.results_file import merge
 from distrl.weights import TRANSPORTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +329,7 @@ def report(args) -> None:
                 results[name] = json.loads(path.read_text())
     summary = summarize(results)
     summary["date"] = time.strftime("%Y-%m-%d", time.gmtime())
-    (ROOT / "bench" / "results" / "real_model.json").write_text(json.dumps(summary, indent=1))
+    merge(ROOT / "bench" / "results" / "real_model.json", summary)
     plot(summary, ROOT / "docs" / "real_model.png")
     print(table(summary))
     print(json.dumps({k: v for k, v in summary.items() if k != "cases"}))

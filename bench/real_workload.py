@@ -46,6 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.real_model import TASK_FLAGS  # noqa: E402
+from bench.results_file import merge  # noqa: E402
 
 REWARD_PY = '''import re
 def score(text, problem):  # the arith reward a user writes: 1 when the last integer is the answer
@@ -283,7 +284,7 @@ def report(dirs: list[str], note: str = "") -> None:
                 results[path.stem if path.stem not in results else f"{path.stem}.{directory}"] = \
                     json.loads(path.read_text())
     summary = summarize(results, scoring) | {"date": time.strftime("%Y-%m-%d", time.gmtime()), "note": note}
-    (ROOT / "bench" / "results" / "real_workload.json").write_text(json.dumps(summary, indent=1) + "\n")
+    merge(ROOT / "bench" / "results" / "real_workload.json", summary)
     print_summary(summary)
 
 

@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.results_file import merge
 from bench.runs import ENV, ROOT, command
 
 FLAGS = ["--model", "tiny", "--task", "arith", "--arith_ops", "+", "--finetune", "full", "--backend", "hf",
@@ -222,8 +223,7 @@ def main(argv: list[str] | None = None) -> None:
               **analyse(samples, args.warmup, args.warmup_versions)}
     result["versions_per_s"] = round(result["versions_fitted"] / max(60 * result["minutes_fitted"], 1e-9), 2)
     print(table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    merge(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "series"}))
 
 

@@ -1,13 +1,13 @@
 """Where `distrl train`'s start-up goes, phase by phase, cold and warm (issue 43).
 
-Each case is ``ENGINE:cold`` or ``ENGINE:warm`` (or ``ENGINE-cold``; ENGINE ``hf`` or ``vllm``):
-bench/real_model.py's ``distrl1`` command (``vllm``: its ``vllm`` case, ``--engine vllm
---gpu_memory_utilization 0.2``) on SmolLM2 and arith, run to ``--max_steps`` versions (default 2). The compile
-caches are torch's and vLLM's own, pointed at one directory per engine under ``--work``
-(``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``): ``cold`` empties it first, ``warm``
-reuses what the runs before it left (run a ``cold`` case of the engine first). The phases are the run's
-summary.json ``startup`` (distrl.core.startup: each mark in seconds from the launch, and the phases between
-them); ``startup_s`` = launch to the first policy version.
+Each case is ``ENGINE:cold`` or ``ENGINE:warm`` (or ``ENGINE-cold``; ENGINE ``hf`` or ``vllm``): bench/real_model.py's
+``distrl1`` command (``vllm``: its ``vllm`` case, ``--engine vllm --gpu_memory_utilization 0.2``) on SmolLM2 and
+arith, run to ``--max_steps`` versions (default 2). The compile caches are distrl's (distrl.core.compile_cache:
+inductor, Triton, vLLM and its startup plan), its cache directory pointed at one directory per engine under ``--work``
+(``DISTRL_CACHE_DIR``, and the three variables under it): ``cold`` empties it first, ``warm`` reuses what the runs
+before it left (run a ``cold`` case of the engine first). The phases are the run's summary.json ``startup``
+(distrl.core.startup: each mark in seconds from the launch, and the phases between them); ``startup_s`` = launch to
+the first policy version.
 
     python -m bench.startup run --model SmolLM2.gguf --cases hf:cold,hf:warm,vllm:cold,vllm:warm --out DIR
     python -m bench.startup report DIR [DIR ...] --note "machine, commit"    -> bench/results/startup.json
@@ -30,8 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.real_model import distrl_command  # noqa: E402
 from bench.vs_trl import run_process  # noqa: E402
-
-CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT")
+from distrl.core.compile_cache import CACHE_VARIABLES  # noqa: E402
 
 
 def case(args, name: str, out: Path, work: Path) -> dict:
@@ -40,7 +39,7 @@ def case(args, name: str, out: Path, work: Path) -> dict:
     cache = work / f"cache_{engine}"
     if state == "cold":
         shutil.rmtree(cache, ignore_errors=True)
-    env = {k: str(cache / k.lower()) for k in CACHE_ENV}
+    env = {"DISTRL_CACHE_DIR": str(cache), **{k: str(cache / "compile" / sub) for k, sub in CACHE_VARIABLES.items()}}
     run = f"{engine}_{state}"
     shutil.rmtree(work / run, ignore_errors=True)
     cmd = distrl_command(args, "vllm" if engine == "vllm" else "distrl1", work)
@@ -58,7 +57,7 @@ def case(args, name: str, out: Path, work: Path) -> dict:
     return {"case": name, "how": how, "wall_s": round(time.time() - started, 1),
             "startup_s": phases.get("launch_to_first_version"), "phases_s": phases,
             "marks_s": startup.get("marks_s", {}), "command": " ".join(cmd[2:]),
-            "cache": {k: str(cache / k.lower()) for k in CACHE_ENV}}
+            "cache": env}
 
 
 def table(results: list[dict]) -> str:

@@ -83,9 +83,10 @@ def worker(args: argparse.Namespace) -> None:
         from distrl.core.rows import table_from_rows
         from distrl.learn import learner as learner_module
     except ImportError:  # 944c626: other module paths, the roles at the top level
+        from learn import learner as learner_module
+
         from distrl.config import TrainConfig
         from distrl.wire import table_from_rows
-        from learn import learner as learner_module
 
     cfg = TrainConfig(model=args.model, task="arith", backend="hf", dtype="float32", finetune="full",
                       learning_rate=4e-4, batch_size=GROUPS, group_size=GROUP_SIZE, learner_chunk_size=256,

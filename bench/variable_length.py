@@ -2,7 +2,7 @@
 
 The Qwen2.5-0.5B architecture with random bf16 weights (a random model's EOS timing means nothing, so
 each row's length is forced: no stop token, the row's budget ends it), 64-token random prompts, sampled at
-T = 1 by :class:`distrl.rollout.engines.hf_continuous.ContinuousSampler` as the engine builds it on CUDA (decode
+T = 1 by :class:`distrl.rollout.engines.hf.continuous.ContinuousSampler` as the engine builds it on CUDA (decode
 step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
 
 - ``continuous``: ``--rows`` rows whose lengths are drawn from a seeded lognormal (median ``--median``,
@@ -20,7 +20,7 @@ step compiled and captured in one CUDA graph, a look at ``done`` every 8 steps):
   (:func:`roofline_tok_s`: each step reads every weight once and each row's K/V at its mean context) and
   against the limit that counts compute too (:func:`compute_roofline_tok_s`: at 1024 rows the weight
   products are bound by the GPU's FLOPs, not by its memory); at the largest batch once more without the decode
-  kernels of :mod:`distrl.rollout.engines.hf_kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
+  kernels of :mod:`distrl.rollout.engines.hf.kernels` (``without_kernels``, ``kernels_speedup``; ``--no-reference``
   skips it) and with FlashAttention's varlen kernel instead of their split-K Triton attention (the default
   since 2026-12-03: ``flash_attention``, ``triton_over_flash``; ``--no-flash-attention`` skips it); and the
   admission of the largest batch's rows (``prefill``) with the sampler's causal SDPA prefill against the masked
@@ -103,11 +103,11 @@ def make_sampler(model, cuda: bool, dynamic: bool = True, kernels: bool | None =
                  prefill: str = "causal"):
     """The sampler the HF engine builds on CUDA, with no stop token (every row runs to its budget);
     ``dynamic=False``: its step compiled per shape instead (the ``compile`` case's reference); ``kernels=False``:
-    without the decode kernels of distrl.rollout.engines.hf_kernels (the ``decode`` case's reference); ``prefill``: its
+    without the decode kernels of distrl.rollout.engines.hf.kernels (the ``decode`` case's reference); ``prefill``: its
     prefill attention (``masked``: the ``prefill`` reference)."""
     import torch
 
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     dev = model.device
     return ContinuousSampler(lambda: model, pad_id=0, stop_ids=torch.empty(0, dtype=torch.long, device=dev),
@@ -141,7 +141,7 @@ def case_continuous(model, args, cuda: bool) -> dict:
     sampler = make_sampler(model, cuda)
     # warm-up on the same shapes (slots x positions x columns): one row of the longest budget, the others ending
     # 16 tokens apart in halves (the last half at 8, a quarter at 24, ...), so the tail's step runs every bucket
-    # (distrl.rollout.engines.hf_continuous.buckets) before the timed runs
+    # (distrl.rollout.engines.hf.slots.buckets) before the timed runs
     levels = args.slots.bit_length()
     warm = [max(lengths)] + [8 + 16 * (levels - (i + 1).bit_length()) for i in range(1, args.slots)]
     timed_run(sampler, rows[: args.slots], warm, args.slots, static=False)
@@ -188,8 +188,8 @@ def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, lis
     alternated, after one untimed round; no graph, no compile (an admission runs eagerly in a run too)."""
     import torch
 
-    from distrl.rollout.engines.hf_continuous import PAD_MULTIPLE, PREFILL_ATTENTION, _round_up
-    from distrl.rollout.engines.hf_fast import grouped_attention_mode
+    from distrl.rollout.engines.hf.continuous import PREFILL_ATTENTION
+    from distrl.rollout.engines.hf.decode import PAD_MULTIPLE, grouped_attention_mode, round_up
 
     dev = model.device
     rows = random_rows(batch, model.config.vocab_size, seed=2, prompt=prompt)
@@ -199,7 +199,7 @@ def prefill_times(model, batch: int, prompt: int, repeats: int) -> dict[str, lis
     with torch.inference_mode(), grouped_attention_mode(model):
         for i in range(repeats + 1):
             for a, sampler in samplers.items():
-                st = sampler._prepare(model, batch, _round_up(prompt, PAD_MULTIPLE) + PAD_MULTIPLE, PAD_MULTIPLE)
+                st = sampler._prepare(model, batch, round_up(prompt, PAD_MULTIPLE) + PAD_MULTIPLE, PAD_MULTIPLE)
                 sync()
                 t0 = time.perf_counter()
                 sampler._admit(model, st, list(range(batch)), rows, [1] * batch)
@@ -292,7 +292,7 @@ def case_profile(model, args, cuda: bool) -> dict:
     profiler's table, top 25 by device time, saved to ``DIR/profile_b<batch>.txt``)."""
     import torch
 
-    from distrl.rollout.engines.hf_fast import grouped_attention_mode
+    from distrl.rollout.engines.hf.decode import grouped_attention_mode
 
     batch, new = max(args.batches), args.new_tokens
     rows = random_rows(batch, model.config.vocab_size, seed=2)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="decode: skip the largest batch's run without the decode kernels (one more compile)")
     p.add_argument("--attention", default="triton", choices=["flash", "triton"],
-                   help="profile: the decode kernels' attention (distrl.rollout.engines.hf_kernels.slot_attention)")
+                   help="profile: the decode kernels' attention (distrl.rollout.engines.hf.kernels.slot_attention)")
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="decode: skip the largest batch's run with FlashAttention's varlen kernel (one more compile)")
     p.add_argument("--model", default=None,

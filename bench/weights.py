@@ -116,7 +116,7 @@ class Learner:
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
 
-        from distrl.weights import DirectoryTransport, WeightPublisher
+        from distrl.weights import PayloadDirectory, WeightPublisher
 
         self.torch = torch
         load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)  # noqa: E731
@@ -125,7 +125,7 @@ class Learner:
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
         self.publisher = WeightPublisher()
         shutil.rmtree(work / "weights", ignore_errors=True)  # versions restart at 1
-        self.transport = DirectoryTransport(work / "weights", keep=3)
+        self.transport = PayloadDirectory(work / "weights", keep=3)
         self.version = 0
         self.broadcast_port = _free_port()
 
@@ -153,10 +153,10 @@ class Learner:
         return t0, time.time() - t0, ann.nbytes
 
     def stop(self) -> None:
-        from distrl.weights import Announcement
+        from distrl.weights import announcement
 
         self.version += 1
-        self.publisher.announce(Announcement(self.version, "stop", "", ""))
+        self.publisher.announce(announcement(self.version, "stop", "", ""))
 
 
 def run_case(args, learner: Learner, transport: str, fmt_list: list[str], work: Path) -> dict:

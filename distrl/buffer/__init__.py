@@ -4,7 +4,7 @@ Modules (under ``distrl.buffer``):
 
 - :mod:`.selection`: pure rules (top-k inside a group, the order across groups).
 - :mod:`.store`: the pure core (held groups, eviction, selection, credits, bounds), no sockets;
-  :mod:`.intake`: its PUT side (validation, de-duplication, seqs, persist before commit).
+  :mod:`.intake`: its PUT side, owned by the store (validation, de-duplication, seqs, persist before commit).
 - :mod:`.segments`: the on-disk segment log (Arrow IPC stream), the consumption log, ``lineage``.
 - :mod:`.recovery`: rebuilding memory from the logs (``--resume``, offline replay).
 - :mod:`.server`: the ZeroMQ ROUTER server around the store, on a :mod:`.endpoint`; its replies

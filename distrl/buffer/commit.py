@@ -39,7 +39,7 @@ class GroupCommit:
         self.store, self.segments, self._send = store, segments, send
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="buffer-commit")
         # The commit thread's first Arrow allocation, made now: at the first segment rotation (the schema message
-        # of the next segment) it raised the RSS by ~2 MB once, in Arrow's mimalloc arena (BENCHMARKS.md, Soak).
+        # of the next segment) it raised the RSS once, in Arrow's mimalloc arena, which a soak run reads as growth.
         self._pool.submit(COMPLETION_SCHEMA.serialize).result()
         self._running: tuple[Future, list, int] | None = None  # a commit in flight, its ACKs, the seq it ends at
         self._unwritten: list[tuple] = []  # (groups, first seq, IPC message) accepted since it started

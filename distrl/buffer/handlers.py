@@ -3,9 +3,9 @@
 :class:`distrl.buffer.server.BufferServer` receives, decodes, holds and sends; :class:`Handlers` makes the replies
 (the table in :mod:`distrl.buffer.server`'s docstring) as wire frames without the envelope: one ``on_<type>`` method
 per request type, the ACK of an admitted PUT, and the ERROR of a failed request. The senders' credits and
-liveness are kept by :class:`distrl.buffer.clients.Clients`. A CREDIT that names its ``actor_id`` is also answered
-``acked_groups``: the groups of that actor id the buffer has accepted (rebuilt from the segment log on
-resume), where a restarted actor resumes its prompt stream.
+liveness are kept by :class:`distrl.buffer.client_ledger.ClientLedger`. A CREDIT that names its ``actor_id`` is
+also answered ``acked_groups``: the groups of that actor id the buffer has accepted (rebuilt from the segment log
+on resume), where a restarted actor resumes its prompt stream.
 
 Progress guard: once ``--max_filtered_groups`` groups in a row were dropped by ``--filter_zero_variance``
 (:meth:`GroupStore.check_progress`) no batch may ever form. The buffer logs it once, answers GETs with
@@ -29,7 +29,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from distrl.buffer.clients import Clients
+from distrl.buffer.client_ledger import ClientLedger
 from distrl.buffer.segments import ConsumptionLog, SegmentLog
 from distrl.buffer.store import GroupStore
 from distrl.core import wire
@@ -50,6 +50,16 @@ class Exhausted(RuntimeError):
     code: ClassVar[ErrorCode] = ErrorCode.EXHAUSTED
 
 
+class Unsupported(ValueError):
+    """A well-formed request of a type this buffer does not answer (ERROR code ``unsupported``)."""
+
+    code: ClassVar[ErrorCode] = ErrorCode.UNSUPPORTED
+
+
+ANSWERED = frozenset({MsgType.PUT, MsgType.GET, MsgType.CREDIT, MsgType.STATS, MsgType.STOP, MsgType.SHUTDOWN,
+                      MsgType.JOIN, MsgType.LEAVE})  # the request types a buffer answers (docs/protocol.md)
+
+
 class Handlers:
     """The buffer's replies around ``store``, and its counters (``stats``) and metrics (``tick``).
 
@@ -63,7 +73,7 @@ class Handlers:
     """
 
     def __init__(self, store: GroupStore, consumed: ConsumptionLog, segments: SegmentLog | None, metrics: Metrics,
-                 clients: Clients) -> None:
+                 clients: ClientLedger) -> None:
         self.store, self.consumed, self.segments, self.metrics, self.clients = (store, consumed, segments, metrics,
                                                                                 clients)
         self.replay = segments is None
@@ -96,6 +106,19 @@ class Handlers:
         return self.stopping or self.no_progress is not None or self.store.open_credits() > 0
 
     # ---- replies -------------------------------------------------------------------------------
+
+    def check(self, header: Header, body) -> None:
+        """Refuse a decoded request the buffer cannot take: a type it does not answer, or a replay buffer's PUT
+        (Unsupported); a PUT without a body, or a body on another request (ValueError)."""
+        if header.type not in ANSWERED:
+            raise Unsupported(f"the buffer does not answer {header.type.value} messages")
+        if header.type is MsgType.PUT:
+            if self.replay:
+                raise Unsupported("this is an offline replay buffer: it takes no PUTs")
+            if body is None:
+                raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
+        elif body is not None:
+            raise ValueError(f"{header.type.value} takes no body")
 
     def acknowledge(self, header: Header, nbytes: int, results: list[tuple[int, bool]]) -> list[bytes]:
         """The ACK of an admitted PUT of ``nbytes`` (``results``: ``(seq, duplicate)`` per group); counts its
@@ -160,12 +183,12 @@ class Handlers:
         return wire.encode(MsgType.GRANT, SENDER, header.seq, **fields)
 
     def on_join(self, header: wire.Join) -> list[bytes]:
-        """ACK with a fresh actor id (:meth:`Clients.join`)."""
+        """ACK with a fresh actor id (:meth:`ClientLedger.join`)."""
         return wire.encode(MsgType.ACK, SENDER, header.seq, actor_id=self.clients.join(header.sender,
                                                                                         header.first_id))
 
     def on_leave(self, header: Header) -> list[bytes]:
-        """ACK with the number of the sender's unused credits, which return now (:meth:`Clients.leave`)."""
+        """ACK with the number of the sender's unused credits, which return now (:meth:`ClientLedger.leave`)."""
         return wire.encode(MsgType.ACK, SENDER, header.seq, returned=self.clients.leave(header.sender))
 
     def on_stop(self, header: Header) -> list[bytes]:
@@ -192,7 +215,7 @@ class Handlers:
 
     def stats(self) -> dict:
         """The store's counters plus the server's (bad_requests, segments_deleted, replay) and the senders'
-        (:meth:`Clients.stats`: ``last_seen_s``, ``owed``, ``credits_owed``, ``joined_actors``, departures)."""
+        (:meth:`ClientLedger.stats`: ``last_seen_s``, ``owed``, ``credits_owed``, ``joined_actors``, departures)."""
         deleted = 0 if self.segments is None else self.segments.deleted
         return {**self.store.stats(), "bad_requests": self.bad_requests, "segments_deleted": deleted,
                 "replay": self.replay, **self.clients.stats()}

@@ -1,36 +1,36 @@
-"""How groups come into the buffer: the PUT side of :class:`distrl.buffer.store.GroupStore`, which extends
-:class:`Intake`.
+"""How groups come into the buffer: the PUT side of :class:`distrl.buffer.store.GroupStore`, which owns one
+:class:`Intake` (``store.intake``) and hands it its PUTs.
 
 A PUT carries one or more whole groups (consecutive runs of ``group_size`` rows of
 :data:`distrl.core.rows.COMPLETION_SCHEMA`), validated and parsed at once
-(:func:`distrl.buffer.held.parse_groups`: each group's top-k rows and reward variance are computed on arrival). Each
+(:func:`distrl.buffer.groups.parse_groups`: each group's top-k rows and reward variance are computed on arrival). Each
 accepted group gets the next sequence number ``seq``, its position in the segment log; ``persist(batch,
 first_seq)`` (e.g. ``SegmentLog.append``) gets the new groups after every check and before anything is
 committed, so a failed write changes nothing.
 
 A client re-sends a PUT whose ACK it lost. A group whose sample ids were all accepted before is a
 *duplicate*: answered with its original seq and counted, not held twice (ids are remembered for at least
-the last ``dedup_window`` accepted, :class:`distrl.buffer.held.RecentIds`); one that mixes seen and unseen ids is
+the last ``dedup_window`` accepted, :class:`distrl.buffer.groups.RecentIds`); one that mixes seen and unseen ids is
 refused. The server hands :meth:`Intake.put_messages` every PUT queued at one poll: admitted together when
 they can be, else one at a time, with the same answers either way.
 
 Groups read back from the segment log re-enter through :meth:`Intake.restore` (resume, replay). The groups
 accepted per actor id (:meth:`Intake.acked_groups`) tell a restarted actor where to resume.
 
-Where the groups go is GroupStore's: its memory bounds (``_fits``; ``_check_room`` raises
-:class:`distrl.buffer.store.BufferFull`), holding them (``_admit``, which evicts the filtered and the already
-stale) and AReaL's rule at arrival (``_check_rule``).
+Where the groups go is the store's (:class:`Holding`, what the intake may ask of it): its memory bounds
+(``fits``; ``check_room`` raises :class:`distrl.buffer.store.BufferFull`), holding them (``admit``, which evicts
+the filtered and the already stale) and AReaL's rule at arrival (``check_rule``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from distrl.buffer.held import Parsed, RecentIds, as_batch, parse_groups, rows_of
+from distrl.buffer.groups import Parsed, RecentIds, as_batch, parse_groups, rows_of
 from distrl.core.rows import COMPLETION_SCHEMA
 
 DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 s x 6 sends by default)
@@ -38,20 +38,42 @@ DEDUP_WINDOW = 1 << 20  # sample ids: a client's retries end within minutes (30 
 Persist = Callable[[pa.RecordBatch, int], None]  # (new groups, seq of the first) -> None
 
 
+class Holding(Protocol):
+    """What :class:`Intake` reads of the store it feeds, and how it hands groups over (GroupStore is one)."""
+
+    group_size: int
+    topk: int
+    topk_by: str
+    filter_zero_variance: bool
+    replay_ratio: int
+    evicted: dict[str, int]  # evictions by reason: accepted groups net of them count against AReaL's rule
+    credits_granted: int  # a restored group counts as one credit granted
+
+    def fits(self, rows: int, nbytes: int) -> bool: ...
+
+    def check_room(self, rows: int, nbytes: int) -> None: ...
+
+    def admit(self, parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, nbytes: np.ndarray,
+              seq: np.ndarray, version: np.ndarray, variance: np.ndarray, uses: int,
+              filtered: np.ndarray | None) -> None: ...
+
+    def check_rule(self, net: int) -> None: ...
+
+
 class Intake:
-    """The PUT side of :class:`distrl.buffer.store.GroupStore` (see the module docstring); not used on its own.
+    """The PUT side of a store (see the module docstring): GroupStore owns one and hands it its PUTs.
 
     It owns the de-duplication memory, the seq counter, the groups accepted per actor id and the count of
-    duplicates. It reads GroupStore's ``group_size``, ``topk``, ``topk_by``, ``filter_zero_variance``,
-    ``replay_ratio`` and ``evicted``, admits through its ``_fits``, ``_check_room``, ``_admit`` and
-    ``_check_rule``, and counts a restored group's credit in its ``credits_granted``.
+    duplicates; what it accepts goes to ``store`` (:class:`Holding`).
 
     Args:
+        store: where accepted groups are held (:class:`Holding`).
         dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
-            (:class:`distrl.buffer.held.RecentIds`). Raises ValueError if < 1.
+            (:class:`distrl.buffer.groups.RecentIds`). Raises ValueError if < 1.
     """
 
-    def __init__(self, dedup_window: int = DEDUP_WINDOW) -> None:
+    def __init__(self, store: Holding, dedup_window: int = DEDUP_WINDOW) -> None:
+        self.store = store
         self._seen = RecentIds(dedup_window)  # sample_id -> seq of the group that brought it
         self._next_seq = 0  # the seq of the next group accepted
         self._acked: Counter[int] = Counter()  # actor id -> groups of it accepted (or restored from the log)
@@ -76,8 +98,8 @@ class Intake:
         BufferFull if the new groups do not all fit in memory.
         """
         batch = as_batch(groups)
-        g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
-        n, m = self.group_size, len(g.group_ids)
+        g = parse_groups(batch, self.store.group_size, self.store.topk, self.store.topk_by)
+        n, m = self.store.group_size, len(g.group_ids)
         results = None if self._seen.isdisjoint(g.sample_ids) else self._known(g)  # usually None
         new = m if results is None else m - sum(r is not None for r in results)
         size = (batch.get_total_buffer_size() if nbytes is None else nbytes) // m
@@ -88,9 +110,9 @@ class Intake:
                            actors=g.actors[index],
                            sample_ids=[s for i in index.tolist() for s in g.sample_ids[i * n:(i + 1) * n]])
             offset = index * n
-        filtered = g.variance == 0.0 if self.filter_zero_variance else None
+        filtered = g.variance == 0.0 if self.store.filter_zero_variance else None
         held = new if filtered is None else new - int(filtered.sum())
-        self._check_room(held * n, held * size)
+        self.store.check_room(held * n, held * size)
         self.duplicates += m - new
         persisted = rows_of(batch, index.tolist(), n) if 0 < new < m else batch  # nothing is persisted if new == 0
         seqs = self._accept(g, [batch] * new, offset, np.full(new, size), filtered, [(persist, persisted, new)])
@@ -125,12 +147,12 @@ class Intake:
                       ) -> list[list[tuple[int, bool]]] | None:
         """:meth:`put_messages`'s joint path; None (nothing changed) where one PUT at a time is needed: a PUT
         that is not whole valid groups, a sample id seen before or repeated across PUTs, no room."""
-        n = self.group_size
+        n = self.store.group_size
         batches = [b for b, _, _ in puts]
         if not all(isinstance(b, pa.RecordBatch) and b.num_rows and not b.num_rows % n for b in batches):
             return None
         try:  # a table over the PUTs' batches: zero-copy; a PUT's groups never straddle two of them
-            g = parse_groups(pa.Table.from_batches(batches), n, self.topk, self.topk_by)
+            g = parse_groups(pa.Table.from_batches(batches), n, self.store.topk, self.store.topk_by)
         except (ValueError, pa.ArrowException):
             return None
         if not self._seen.isdisjoint(g.sample_ids):
@@ -138,9 +160,9 @@ class Intake:
         counts = [b.num_rows // n for b in batches]
         sizes = np.repeat([(b.get_total_buffer_size() if nb is None else nb) // c
                            for (b, _, nb), c in zip(puts, counts)], counts)
-        filtered = g.variance == 0.0 if self.filter_zero_variance else None
+        filtered = g.variance == 0.0 if self.store.filter_zero_variance else None
         held = sizes if filtered is None else sizes[~filtered]
-        if not self._fits(len(held) * n, int(np.add.reduce(held))):
+        if not self.store.fits(len(held) * n, int(np.add.reduce(held))):
             return None
         offset = np.concatenate([np.arange(0, c * n, n) for c in counts])
         parents = [b for b, c in zip(batches, counts) for _ in range(c)]
@@ -160,7 +182,7 @@ class Intake:
         of ``count`` groups) in order, before anything changes; then seqs, seen sample ids and slots.
         Returns the (c,) seqs."""
         first = seq = self._next_seq
-        net = first - sum(self.evicted.values())  # groups accepted net of evicted ones, before these
+        net = first - sum(self.store.evicted.values())  # groups accepted net of evicted ones, before these
         for persist, batch, count in persists:
             if persist is not None and count:
                 persist(batch, seq)
@@ -168,17 +190,17 @@ class Intake:
         self._next_seq = seq
         seqs = np.arange(first, seq)
         if len(seqs):  # an empty update would still turn a full generation of RecentIds over
-            self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.group_size).tolist()))
+            self._seen.update(zip(g.sample_ids, np.repeat(seqs, self.store.group_size).tolist()))
             self._acked.update(g.actors.tolist())
-        self._admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
-        self._check_rule(net)
+        self.store.admit(parents, offset, g.keep, sizes, seqs, g.versions, g.variance, 0, filtered)
+        self.store.check_rule(net)
         return seqs
 
     def _known(self, g: Parsed) -> list[tuple[int, bool] | None]:
         """Per group of ``g``: ``(seq, True)`` if all its sample ids were accepted before with that group,
         None if none was. Raises ValueError for a group that mixes seen and unseen sample ids, or those
         of several groups."""
-        n, results = self.group_size, []
+        n, results = self.store.group_size, []
         for i, group_id in enumerate(g.group_ids):
             known = {self._seen.get(s) for s in g.sample_ids[i * n:(i + 1) * n]}
             if known == {None}:
@@ -199,26 +221,26 @@ class Intake:
         not a valid group, BufferFull if memory is full.
         """
         batch = self._one_group(group)
-        g = parse_groups(batch, self.group_size, self.topk, self.topk_by)
+        g = parse_groups(batch, self.store.group_size, self.store.topk, self.store.topk_by)
         self._seen.update(dict.fromkeys(g.sample_ids, seq))
         self._next_seq = max(self._next_seq, seq + 1)
-        self.credits_granted += 1
+        self.store.credits_granted += 1
         self._acked.update(g.actors.tolist())
-        if uses >= self.replay_ratio:
+        if uses >= self.store.replay_ratio:
             return
         size = batch.get_total_buffer_size()
-        filtered = np.array([self.filter_zero_variance and g.variance[0] == 0.0])
+        filtered = np.array([self.store.filter_zero_variance and g.variance[0] == 0.0])
         if not filtered[0]:
-            self._check_room(batch.num_rows, size)
-        self._admit([batch], np.zeros(1, np.int64), g.keep, np.array([size]), np.array([seq]), g.versions,
+            self.store.check_room(batch.num_rows, size)
+        self.store.admit([batch], np.zeros(1, np.int64), g.keep, np.array([size]), np.array([seq]), g.versions,
                     g.variance, uses, filtered)
 
     def _one_group(self, group: pa.Table | pa.RecordBatch) -> pa.RecordBatch:
         """``group`` as one record batch; ValueError unless it has ``group_size`` rows (or another schema,
-        which :func:`distrl.buffer.held.parse_groups` then names)."""
+        which :func:`distrl.buffer.groups.parse_groups` then names)."""
         batch = as_batch(group)
-        if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.group_size:
-            raise ValueError(f"a group must have group_size={self.group_size} rows, got {batch.num_rows}")
+        if batch.schema.equals(COMPLETION_SCHEMA) and batch.num_rows != self.store.group_size:
+            raise ValueError(f"a group must have group_size={self.store.group_size} rows, got {batch.num_rows}")
         return batch
 
     def acked_groups(self, actor_id: int) -> int:

@@ -3,9 +3,9 @@
 The buffer holds every PUT body it accepts zero-copy, as the ZeroMQ message it arrived in. libzmq
 allocates each message with ``malloc``; memory the process has never written costs a page fault per
 4 KiB page the first time it is written (and on a VM whose host backs guest memory lazily, much more:
-``bench/buffer.py``'s memory probe measured 0.35-0.4 GB/s there in most runs, against 6-7 GB/s for
-pages just given back). A server that keeps what it receives pays that for every byte; a raw ZeroMQ
-server that drops each message reuses the same few buffers and never does.
+``bench/buffer.py``'s memory probe compares fresh pages with pages just given back). A server that keeps
+what it receives pays that for every byte; a raw ZeroMQ server that drops each message reuses the same few
+buffers and never does.
 
 :func:`prefault_heap` makes the buffer reuse memory too (glibc only): one malloc arena for every thread
 (:func:`single_arena`; ZeroMQ's I/O thread included), allocations under 32 MiB from that heap, no

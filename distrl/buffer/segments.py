@@ -29,7 +29,7 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from distrl.buffer.held import as_batch
+from distrl.buffer.groups import as_batch
 from distrl.core.rows import COMPLETION_SCHEMA, LEGACY_SCHEMA, upgrade
 
 SEGMENT_DIR = "segments"

@@ -36,12 +36,12 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, NamedTuple
 
 import pyarrow as pa
 import zmq
 
-from distrl.buffer.clients import CREDIT_TIMEOUT_S, Clients
+from distrl.buffer.client_ledger import CREDIT_TIMEOUT_S, ClientLedger
 from distrl.buffer.commit import GroupCommit
 from distrl.buffer.endpoint import Endpoint
 from distrl.buffer.handlers import SENDER, Handlers
@@ -51,7 +51,7 @@ from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.metrics import Metrics
 from distrl.core.rows import decode_group
-from distrl.core.wire import ErrorCode, Header, MsgType
+from distrl.core.wire import Header, MsgType
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,6 @@ class _Request(NamedTuple):
     header: Header
 
 
-class Unsupported(ValueError):
-    """A well-formed request of a type this server does not answer (ERROR code ``unsupported``)."""
-
-    code: ClassVar[ErrorCode] = ErrorCode.UNSUPPORTED
-
-
 class BufferServer:
     """Replay buffer server: answers requests on ``endpoint`` around ``store`` (``.address``: the bound endpoint).
 
@@ -96,7 +90,7 @@ class BufferServer:
         metrics: the TensorBoard writer (``Metrics(None)`` writes nothing).
         poll_ms: loop poll timeout in milliseconds (how fast ``stop`` is noticed).
         credit_timeout_s: seconds a sender holding unused credits may be silent before they return.
-    Its parts: ``clients`` (:class:`distrl.buffer.clients.Clients`), ``handlers``
+    Its parts: ``clients`` (:class:`distrl.buffer.client_ledger.ClientLedger`), ``handlers``
     (:class:`distrl.buffer.handlers.Handlers`: the replies, ``stats()``) and the group commit
     (:class:`distrl.buffer.commit.GroupCommit`). :meth:`close` closes them all. :meth:`serve` raises NoProgress
     when the run cannot advance (see :mod:`distrl.buffer.handlers`). Build one with
@@ -112,7 +106,7 @@ class BufferServer:
         self.lock = None  # a distrl.buffer.lock.RunDirLock that close() releases (build_buffer sets it)
         self.address: str = endpoint.address
         self._sock = endpoint.socket  # requests queue until serve() runs
-        self.clients = Clients(store, credit_timeout_s)
+        self.clients = ClientLedger(store, credit_timeout_s)
         self.handlers = Handlers(store, consumed, segments, metrics, self.clients)
         self._commit = GroupCommit(store, segments, self._send)
         self._poller = zmq.Poller()
@@ -283,21 +277,14 @@ class BufferServer:
             header, body = wire.decode_raw([f.bytes if i == 0 else f.buffer for i, f in enumerate(frames)])
             seq = header.seq
             self.clients.seen(header.sender)
+            self.handlers.check(header, body)
             if header.type is MsgType.PUT:
                 return self._decode_put(envelope, header, body)
-            if header.type not in self._handlers:
-                raise Unsupported(f"the buffer does not answer {header.type.value} messages")
-            if body is not None:
-                raise ValueError(f"{header.type.value} takes no body")
             return _Request(envelope, header)
         except Exception as exc:  # noqa: BLE001 - every request is answered; unknown failures are logged
             return [*envelope, *self.handlers.error(exc, envelope, seq)]
 
-    def _decode_put(self, envelope: list, header: Header, body: memoryview | None) -> _Put:
-        if self.segments is None:
-            raise Unsupported("this is an offline replay buffer: it takes no PUTs")
-        if body is None:
-            raise ValueError("PUT needs a body: one group as an Arrow IPC stream")
+    def _decode_put(self, envelope: list, header: Header, body: memoryview) -> _Put:
         batch, message = decode_group(body)  # the received bytes go to the segment log as they are
         return _Put(envelope, header, batch, self._commit.persist(batch, message), len(body))
 

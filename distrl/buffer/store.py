@@ -1,12 +1,13 @@
 """The buffer's pure core: held groups, staleness eviction, selection, credits and bounds. No sockets.
 
 A *group* is the ``group_size`` completions of one prompt instance (rows of
-:data:`distrl.core.rows.COMPLETION_SCHEMA`). Groups come in through the PUT side,
-:class:`distrl.buffer.intake.Intake` (validation, de-duplication, persist before commit), which :class:`GroupStore`
-extends; each accepted group gets a sequence number ``seq`` in PUT order (its position in the segment log).
-It is held as the record batch it arrived in (zero-copy over the received message); its top-k rows
-(:func:`distrl.buffer.held.parse_groups`, the same rule as :func:`distrl.buffer.selection.topk_rows`) are chosen on
-arrival and cut out, for all groups of a batch at once, when the batch is selected.
+:data:`distrl.core.rows.COMPLETION_SCHEMA`). Groups come in through the PUT side, the store's
+:class:`distrl.buffer.intake.Intake` (validation, de-duplication, persist before commit; ``store.intake``), which
+hands them to :meth:`GroupStore.admit`; each accepted group gets a sequence number ``seq`` in PUT order (its
+position in the segment log). It is held as the record batch it arrived in (zero-copy over the received
+message); its top-k rows (:func:`distrl.buffer.groups.parse_groups`, the same rule as
+:func:`distrl.buffer.selection.topk_rows`) are chosen on arrival and cut out, for all groups of a batch at once,
+when the batch is selected.
 
 For each policy version V the learner group makes ONE selection: ``batch_size`` groups among those
 *eligible* at V (``0 <= V - policy_version <= max_staleness``), taken in ``order``
@@ -41,8 +42,8 @@ from typing import ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 
-from distrl.buffer.held import Slots, cut
-from distrl.buffer.intake import DEDUP_WINDOW, Intake
+from distrl.buffer.groups import Slots, cut
+from distrl.buffer.intake import DEDUP_WINDOW, Intake, Persist
 from distrl.buffer.selection import first_k, order_keys
 from distrl.core.errors import NoProgress
 from distrl.core.wire import ErrorCode
@@ -65,9 +66,10 @@ class _Selection:
     served: set[int] = field(default_factory=set)
 
 
-class GroupStore(Intake):
-    """Groups waiting to be trained on, with eviction, selection, credits and memory bounds; the PUT
-    methods (``put``, ``put_groups``, ``put_messages``, ``restore``) are :class:`distrl.buffer.intake.Intake`'s.
+class GroupStore:
+    """Groups waiting to be trained on, with eviction, selection, credits and memory bounds; its PUT side is
+    ``intake`` (:class:`distrl.buffer.intake.Intake`), whose ``put``, ``put_groups``, ``put_messages``,
+    ``restore``, ``acked_groups`` and ``actor_ids`` it offers as its own.
 
     Args:
         batch_size: groups per policy version, across all learners.
@@ -81,7 +83,7 @@ class GroupStore(Intake):
         max_rows, max_bytes: memory bounds (completions of whole groups, Arrow bytes); None = unbounded.
         restamp: staleness counts from a group's first use (offline replay), not its recorded version.
         dedup_window: sample ids remembered to drop re-sent PUTs: at least the last this many accepted
-            (:class:`distrl.buffer.held.RecentIds`).
+            (:class:`distrl.buffer.groups.RecentIds`).
         max_filtered_groups: with ``filter_zero_variance``, groups filtered in a row after which
             :meth:`check_progress` raises NoProgress (0: never).
     Raises ValueError on out-of-range arguments.
@@ -103,7 +105,7 @@ class GroupStore(Intake):
         order_keys(order, *[np.zeros(0)] * 3)  # raises ValueError on an unknown order
         if max_rows is not None and max_rows < batch_size * group_size:
             raise ValueError(f"max_rows={max_rows} cannot hold one batch of {batch_size} groups x {group_size} rows")
-        super().__init__(dedup_window)
+        self.intake = Intake(self, dedup_window)
         self.batch_size, self.max_staleness, self.topk, self.group_size = batch_size, max_staleness, topk, group_size
         self.topk_by, self.order, self.filter_zero_variance = topk_by, order, filter_zero_variance
         self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
@@ -124,20 +126,57 @@ class GroupStore(Intake):
         self.last_staleness: list[int] = []
         self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
 
-    # ---- holding: where Intake admits the groups of a PUT ------------------------------------
+    # ---- PUT: the intake's, and where it holds the groups of a PUT -----------------------------
 
-    def _fits(self, rows: int, nbytes: int) -> bool:
+    def put(self, group: pa.Table | pa.RecordBatch, persist: Persist | None = None,
+            nbytes: int | None = None) -> tuple[int, bool]:
+        """Accept one whole group: :meth:`Intake.put`."""
+        return self.intake.put(group, persist, nbytes)
+
+    def put_groups(self, groups: pa.Table | pa.RecordBatch, persist: Persist | None = None,
+                   nbytes: int | None = None) -> list[tuple[int, bool]]:
+        """Accept one or more whole groups: :meth:`Intake.put_groups`."""
+        return self.intake.put_groups(groups, persist, nbytes)
+
+    def put_messages(self, puts: list[tuple[pa.RecordBatch, Persist | None, int | None]]
+                     ) -> list[list[tuple[int, bool]] | Exception]:
+        """Several PUTs, each answered on its own: :meth:`Intake.put_messages`."""
+        return self.intake.put_messages(puts)
+
+    def restore(self, group: pa.Table | pa.RecordBatch, seq: int, uses: int = 0) -> None:
+        """Re-admit one group read back from the segment log: :meth:`Intake.restore`."""
+        self.intake.restore(group, seq, uses)
+
+    def acked_groups(self, actor_id: int) -> int:
+        """Groups of ``actor_id`` accepted so far: :meth:`Intake.acked_groups`."""
+        return self.intake.acked_groups(actor_id)
+
+    def actor_ids(self) -> list[int]:
+        """The actor ids whose groups were accepted (or restored from the log)."""
+        return self.intake.actor_ids()
+
+    @property
+    def groups_put(self) -> int:
+        """Groups accepted so far (the seq of the next one)."""
+        return self.intake.groups_put
+
+    @property
+    def duplicates(self) -> int:
+        """Re-sent groups dropped so far."""
+        return self.intake.duplicates
+
+    def fits(self, rows: int, nbytes: int) -> bool:
         return ((self.max_rows is None or self.rows + rows <= self.max_rows)
                 and (self.max_bytes is None or self.bytes + nbytes <= self.max_bytes))
 
-    def _check_room(self, rows: int, nbytes: int) -> None:
-        if not self._fits(rows, nbytes):
+    def check_room(self, rows: int, nbytes: int) -> None:
+        if not self.fits(rows, nbytes):
             self.refused_full += 1
             raise BufferFull(f"buffer full: {self.rows} of max_rows={self.max_rows} completions and {self.bytes} "
                              f"of max_bytes={self.max_bytes} bytes held; retry once the learners consume "
                              f"(or raise --max_rows / --max_bytes)")
 
-    def _admit(self, parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, nbytes: np.ndarray,
+    def admit(self, parents: list[pa.RecordBatch], offset: np.ndarray, keep: np.ndarray, nbytes: np.ndarray,
                seq: np.ndarray, version: np.ndarray, variance: np.ndarray, uses: int,
                filtered: np.ndarray | None) -> None:
         """Hold c accepted groups, group j being rows ``offset[j] + [0, group_size)`` of ``parents[j]``
@@ -199,7 +238,7 @@ class GroupStore(Intake):
     def oldest_held_seq(self) -> int:
         """Smallest seq still in memory (``groups_put`` when none): older segments can be deleted."""
         live = self._slots.live()
-        return int(self._slots.seq[live].min()) if live.size else self._next_seq
+        return int(self._slots.seq[live].min()) if live.size else self.intake.groups_put
 
     # ---- GET ---------------------------------------------------------------------------------
 
@@ -247,7 +286,7 @@ class GroupStore(Intake):
 
     def _eligible(self, version: int) -> np.ndarray:
         live = self._slots.live()
-        if self.logged_below is not None and self.logged_below < self._next_seq:  # some are not logged yet
+        if self.logged_below is not None and self.logged_below < self.intake.groups_put:  # some are not logged yet
             live = live[self._slots.seq[live] < self.logged_below]
         v = self._slots.version[live]
         return live[(v < 0) | ((v <= version) & (version - v <= self.max_staleness))]
@@ -331,11 +370,11 @@ class GroupStore(Intake):
         self.credits_refunded += n
         return n
 
-    def _check_rule(self, net: int) -> None:
+    def check_rule(self, net: int) -> None:
         """AReaL's rule at arrival: count the groups just held (those accepted and not evicted on arrival; the
         groups accepted net of evicted ones were ``net`` before them) that lie beyond it. Counted per group in
         arrival order, so one PUT of many groups counts as one PUT each."""
-        now = self._next_seq - sum(self.evicted.values())
+        now = self.intake.groups_put - sum(self.evicted.values())
         excess = now - self.allowed_groups
         if excess > self.credit_excess_max:
             self.credit_excess_max = excess

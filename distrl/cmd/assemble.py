@@ -55,7 +55,7 @@ def actor_sections(cfg) -> tuple:
 
 
 def generator_sections(cfg) -> tuple:
-    """What --learner_generates' generator reads of ``cfg`` (distrl.rollout.colocated.LearnerGenerator's first
+    """What --learner_generates' generator reads of ``cfg`` (distrl.rollout.learner_generates.LearnerGenerator's first
     arguments): an actor's, without its own ``rollout`` section."""
     return cfg.prompt, cfg.generation, cfg.shared, cfg.batch
 
@@ -185,11 +185,15 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         if resume:
             parts.learner.resume()
         if cfg.learner_generates:  # rollouts from this learner's model while its GET waits
-            from distrl.rollout.colocated import LearnerGenerator
+            from distrl.core.buffer_client import BufferClient
+            from distrl.rollout.learner_generates import LearnerGenerator, generator_name
 
             learner = parts.learner
+            client = parts.opened(BufferClient(buffer_address, generator_name(rank),
+                                               curve_server_key=cfg.buffer_curve_server_key,
+                                               curve_client_key=cfg.buffer_curve_client_key))
             parts.generator = parts.opened(LearnerGenerator(*generator_sections(cfg), rank, cfg.number_of_learners,
-                                                            learner.model, buffer_address, model_dir, str(run_dir),
+                                                            learner.model, client, model_dir,
                                                             policy_version=lambda: learner.version,
                                                             tb_dir=str(run_dir / "tb" / f"learner{rank}gen")))
             parts.learner.while_waiting = parts.generator.generate_once

@@ -14,6 +14,7 @@ from distrl.cmd.assemble import buffer_sections, build_actor, build_learner, res
 from distrl.cmd.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
 from distrl.cmd.faults import read_role_file, write_role_file
 from distrl.cmd.stacks import needed, probe_here, settle_stacks
+from distrl.core.compile_cache import use_compile_caches
 from distrl.core.heap import steady_heap
 from distrl.core.logs import setup_logging
 
@@ -27,6 +28,7 @@ def role_dir(cfg: TrainConfig, role: str) -> tuple[Path, str]:
     (run_dir / f"config.{role}.json").write_text(cfg.to_json())
     setup_logging(run_dir / "logs" / f"{role}.log")
     steady_heap()
+    use_compile_caches()
     set_torch_threads(cfg.torch_threads)
     return run_dir, resolve_model(cfg.model, run_dir, cfg.seed)
 

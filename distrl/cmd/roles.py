@@ -20,9 +20,12 @@ from distrl.core.startup import mark, record_to
 
 def begin_role(run_dir: str, name: str, keys=None) -> None:
     """First steps of every role process: its role file, its log file, a steady C heap (distrl.core.heap), the
-    run's CURVE keys for every socket it makes (``keys``: a distrl.core.security.RunKeys, or None)."""
+    run's CURVE keys for every socket it makes (``keys``: a distrl.core.security.RunKeys, or None), compile
+    caches kept across runs (distrl.core.compile_cache)."""
+    from distrl.core.compile_cache import use_compile_caches
     from distrl.core.security import use_run_keys
 
+    use_compile_caches()
     write_role_file(run_dir, name)
     role_logging(Path(run_dir) / "logs" / f"{name}.log")
     record_to(run_dir, name)  # start-up marks (distrl.core.startup)
@@ -91,7 +94,9 @@ class LearnerRole(_Role):
 
     def run(self) -> dict:
         try:
-            return self.parts.run()
+            result = self.parts.run()
+            mark("finished")  # with what it compiled since its warm-up (distrl.core.startup)
+            return result
         except BaseException:
             self.parts.close(linger=False)
             raise
@@ -129,7 +134,9 @@ class RolloutRole(_Role):
 
     def run(self) -> dict:
         try:
-            return {**self.parts.run(), "host": node_address()}  # where it finished (Ray may have moved it)
+            result = {**self.parts.run(), "host": node_address()}  # where it finished (Ray may have moved it)
+            mark("finished")
+            return result
         finally:
             self.parts.close()
 

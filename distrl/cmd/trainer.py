@@ -49,6 +49,7 @@ from distrl.cmd.report import write_report
 from distrl.cmd.roles import learner_endpoints, ray_roles
 from distrl.cmd.run_dir import checkpoint_version, prepare_run_dir, resume_run_dir, resumed_config
 from distrl.cmd.stacks import needed, probe_here, probe_on_nodes, settle_stacks
+from distrl.core.compile_cache import use_compile_caches
 from distrl.core.errors import PreflightError
 from distrl.core.logs import quiet_libraries, ray_errors_to_log, set_stderr_level, setup_logging
 from distrl.core.security import use_run_keys
@@ -186,10 +187,8 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
                     for r in range(cfg.number_of_learners)]
     run.weights = run.learners[0].weight_addresses.remote()  # kept: a restarted actor resolves it again
     # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
-    # after that. Not vLLM's: it sizes its KV cache from the GPU memory free when it starts.
+    # after that (a vLLM engine's first start on a GPU asks before: distrl.rollout.engines.vllm_plan)
     late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
-    if cfg.engine == "vllm":
-        late = ActorEndpoints(run.buffer_address, *ray.get(run.weights))
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     mark("actors_created")
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
@@ -298,6 +297,7 @@ def _settle(cfg: TrainConfig, ray_started: bool) -> tuple[TrainConfig, bool, dic
 def train(cfg: TrainConfig) -> dict:
     """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
     quiet_libraries()  # before the imports below load torch (and torchao)
+    use_compile_caches()  # before Ray starts: its workers inherit the variables
     import ray
 
     from distrl.buffer.segments import groups_by_actor

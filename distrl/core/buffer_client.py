@@ -1,4 +1,13 @@
-"""Client of the buffer server: request/reply over a DEALER socket with Lazy-Pirate retries.
+"""The buffer client: the requests the actor and learner make (:class:`BufferApi`), and their ZeroMQ transport.
+
+:class:`BufferApi` is the one interface the roles see: ``put``, ``put_many``, ``get``, ``credits``,
+``acked_groups``, ``join``, ``leave``, ``stop``, ``stats``, ``shutdown``, ``close``. It encodes each request with
+:mod:`distrl.core.wire`, decodes the reply and turns an ERROR into its exception; a transport supplies only
+``_request`` (frames out, frames back). :class:`BufferClient` is the ZeroMQ transport;
+``distrl.buffer.inprocess.InProcessClient`` hands the same frames to the buffer's handlers in this process
+(no sockets: tests of the actor and learner loops).
+
+:class:`BufferClient`: request/reply over a DEALER socket with Lazy-Pirate retries.
 
 Each request is sent as plain frames ``[header, body?]`` (the ROUTER server adds the identity). If
 no reply arrives within ``timeout_s``, the socket is closed and reopened (a late reply to the old
@@ -72,83 +81,36 @@ GET_RESEND_S = 2.0  # a GET with no reply is re-sent this often (a restarted buf
 GET_HOLD_S = 0.5  # longest a GET asks the buffer to hold it while no batch can be made (below GET_RESEND_S)
 
 
-class BufferClient:
-    """Talks to a :class:`distrl.buffer.server.BufferServer` at ``address``.
+class BufferApi:
+    """The requests a role makes to the buffer, whatever carries them (see the module docstring).
 
-    Args:
-        address: the server's zmq endpoint (``BufferServer.address``).
-        sender: this client's name in headers, e.g. ``actor3`` or ``learner0``.
-        timeout_s: seconds to wait for one reply before re-sending.
-        retries: re-sends after the first attempt before TimeoutError (after ``timeout_s * (1 + retries)``
-            seconds without a reply).
-        get_resend_s: seconds to wait for a GET's reply before re-sending it (at most ``timeout_s``).
-        curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
-            client's secret key file (:mod:`distrl.core.security`); None: the process's run keys
-            (``distrl.core.security.use_run_keys``, `distrl train`), or plain TCP without them.
-    Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
-    an ERROR reply. ``resends`` counts requests sent again after a timeout.
+    A transport sets ``address`` (named in errors) and ``sender`` (this client's name in headers, e.g. ``actor3``)
+    and implements :meth:`_request`. Every method raises BufferRefused (a RuntimeError) on an ERROR reply, and
+    what the transport raises (TimeoutError when the buffer does not answer).
     """
 
-    def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5,
-                 curve_server_key: str | None = None, curve_client_key: str | None = None,
-                 get_resend_s: float = GET_RESEND_S) -> None:
-        self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
-        self.get_resend_s = min(get_resend_s, timeout_s)
-        self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
-        self._ctx = zmq.Context()
-        self._sock: zmq.Socket | None = None
-        self._seq = 0
-        self.resends = 0
-        self.last_get_held_s = 0.0
-        self._open()
-
-    def _open(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        if self._curve is not None:
-            apply_client_keys(self._sock, *self._curve)
-        else:
-            connect_run_keys(self._sock, "buffer")
-        self._sock.connect(self.address)
+    address: str
+    sender: str
+    get_resend_s: float = GET_RESEND_S  # GET holds stay below half of it
+    last_get_held_s: float = 0.0  # how long the buffer held the GET that got the last batch
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
                  resend_s: float | None = None, limit_s: float | None = None,
                  **fields: Any) -> tuple[Header, pa.Table | None]:
-        """Send one request and return the reply's header and body (Lazy Pirate): re-sent on a reopened
-        socket every ``resend_s`` (default ``timeout_s``) seconds without a reply; a warning every
-        ``timeout_s`` of silence, and one line when the buffer answers again.
+        """Send one request and return the reply's header and body; raises BufferRefused on an ERROR reply.
+        ``retries``, ``resend_s``, ``limit_s``: the transport's re-send policy for this request (a transport
+        that cannot lose a request ignores them)."""
+        raise NotImplementedError
 
-        Raises TimeoutError after ``timeout_s * (1 + retries)`` seconds (or ``limit_s``) without a reply,
-        BufferRefused on an ERROR reply.
-        """
-        self._seq += 1
-        frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
-        interval = self.timeout_s if resend_s is None else resend_s
-        limit = self.timeout_s * (1 + (self.retries if retries is None else retries)) if limit_s is None else limit_s
-        start = time.monotonic()
-        warn_at, sends = start + self.timeout_s, 0
-        while True:
-            self._sock.send_multipart(frames)
-            sends += 1
-            reply = self._wait_reply(min(interval, start + limit - time.monotonic()))
-            if reply is not None:
-                if sends > 1:
-                    log.info("buffer at %s answered again after %.1f s (%s sent %d times)", self.address,
-                             time.monotonic() - start, msg_type.value, sends)
-                return self._reply(msg_type, *reply)
-            now = time.monotonic()
-            if now >= warn_at - 1e-3:
-                log.warning("no reply from buffer at %s to %s in %.1fs (sent %d times; up to %.0fs)",
-                            self.address, msg_type.value, now - start, sends, limit)
-                warn_at = now + self.timeout_s
-            self._open()
-            if now >= start + limit - 1e-3:
-                break
-            self.resends += 1
-        raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {limit:.1f}s "
-                           f"({sends} sends): is the buffer running at that address?")
+    def _decode_reply(self, frames: list) -> tuple[Header, pa.Table | None]:
+        """The reply ``frames`` decoded (:func:`distrl.core.wire.decode`); a reply of another wire version raises
+        WireVersionMismatch naming both."""
+        try:
+            return wire.decode(frames)
+        except wire.VersionError as exc:
+            raise WireVersionMismatch(f"buffer at {self.address} speaks wire version {exc.theirs!r}, this client "
+                                      f"speaks {exc.ours}: run the same distrl version on both",
+                                      ErrorCode.VERSION.value) from None
 
     def _reply(self, msg_type: MsgType, header: Header, body: pa.Table | None) -> tuple[Header, pa.Table | None]:
         """The reply as it is, or the error an ERROR reply stands for."""
@@ -159,22 +121,6 @@ class BufferClient:
             raise _ERRORS.get(code, BufferRefused)(f"buffer at {self.address} refused {msg_type.value} "
                                                    f"({code.value}): {text}", code.value)
         return header, body
-
-    def _wait_reply(self, timeout_s: float) -> tuple[Header, pa.Table | None] | None:
-        """The reply to request ``self._seq``, or None after ``timeout_s``; other replies are dropped."""
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not self._sock.poll(int(left * 1000) + 1):
-                return None
-            try:
-                header, body = wire.decode(self._sock.recv_multipart())
-            except wire.VersionError as exc:
-                raise WireVersionMismatch(f"buffer at {self.address} speaks wire version {exc.theirs!r}, this client "
-                                          f"speaks {exc.ours}: run the same distrl version on both",
-                                          ErrorCode.VERSION.value) from None
-            if header.seq == self._seq or (header.type is MsgType.ERROR and header.seq == 0):
-                return header, body
-        return None
 
     @staticmethod
     def _expect(header: Header, *types: MsgType) -> None:
@@ -309,14 +255,108 @@ class BufferClient:
         self._expect(header, MsgType.ACK)
 
     def close(self) -> None:
+        """Release the transport (idempotent)."""
+
+    def __enter__(self) -> "BufferApi":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+
+class BufferClient(BufferApi):
+    """Talks to a :class:`distrl.buffer.server.BufferServer` at ``address``.
+
+    Args:
+        address: the server's zmq endpoint (``BufferServer.address``).
+        sender: this client's name in headers, e.g. ``actor3`` or ``learner0``.
+        timeout_s: seconds to wait for one reply before re-sending.
+        retries: re-sends after the first attempt before TimeoutError (after ``timeout_s * (1 + retries)``
+            seconds without a reply).
+        get_resend_s: seconds to wait for a GET's reply before re-sending it (at most ``timeout_s``).
+        curve_server_key, curve_client_key: for a CURVE buffer, the server's public key file and this
+            client's secret key file (:mod:`distrl.core.security`); None: the process's run keys
+            (``distrl.core.security.use_run_keys``, `distrl train`), or plain TCP without them.
+    Every method raises TimeoutError if the server does not answer, BufferRefused (a RuntimeError) on
+    an ERROR reply. ``resends`` counts requests sent again after a timeout.
+    """
+
+    def __init__(self, address: str, sender: str, timeout_s: float = 30.0, retries: int = 5,
+                 curve_server_key: str | None = None, curve_client_key: str | None = None,
+                 get_resend_s: float = GET_RESEND_S) -> None:
+        self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
+        self.get_resend_s = min(get_resend_s, timeout_s)
+        self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
+        self._ctx = zmq.Context()
+        self._sock: zmq.Socket | None = None
+        self._seq = 0
+        self.resends = 0
+        self.last_get_held_s = 0.0
+        self._open()
+
+    def _open(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            apply_client_keys(self._sock, *self._curve)
+        else:
+            connect_run_keys(self._sock, "buffer")
+        self._sock.connect(self.address)
+
+    def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
+                 resend_s: float | None = None, limit_s: float | None = None,
+                 **fields: Any) -> tuple[Header, pa.Table | None]:
+        """Send one request and return the reply's header and body (Lazy Pirate): re-sent on a reopened
+        socket every ``resend_s`` (default ``timeout_s``) seconds without a reply; a warning every
+        ``timeout_s`` of silence, and one line when the buffer answers again.
+
+        Raises TimeoutError after ``timeout_s * (1 + retries)`` seconds (or ``limit_s``) without a reply,
+        BufferRefused on an ERROR reply.
+        """
+        self._seq += 1
+        frames = wire.encode(msg_type, self.sender, self._seq, body, **fields)
+        interval = self.timeout_s if resend_s is None else resend_s
+        limit = self.timeout_s * (1 + (self.retries if retries is None else retries)) if limit_s is None else limit_s
+        start = time.monotonic()
+        warn_at, sends = start + self.timeout_s, 0
+        while True:
+            self._sock.send_multipart(frames)
+            sends += 1
+            reply = self._wait_reply(min(interval, start + limit - time.monotonic()))
+            if reply is not None:
+                if sends > 1:
+                    log.info("buffer at %s answered again after %.1f s (%s sent %d times)", self.address,
+                             time.monotonic() - start, msg_type.value, sends)
+                return self._reply(msg_type, *reply)
+            now = time.monotonic()
+            if now >= warn_at - 1e-3:
+                log.warning("no reply from buffer at %s to %s in %.1fs (sent %d times; up to %.0fs)",
+                            self.address, msg_type.value, now - start, sends, limit)
+                warn_at = now + self.timeout_s
+            self._open()
+            if now >= start + limit - 1e-3:
+                break
+            self.resends += 1
+        raise TimeoutError(f"buffer at {self.address} did not answer {msg_type.value} in {limit:.1f}s "
+                           f"({sends} sends): is the buffer running at that address?")
+
+    def _wait_reply(self, timeout_s: float) -> tuple[Header, pa.Table | None] | None:
+        """The reply to request ``self._seq``, or None after ``timeout_s``; other replies are dropped."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not self._sock.poll(int(left * 1000) + 1):
+                return None
+            header, body = self._decode_reply(self._sock.recv_multipart())
+            if header.seq == self._seq or (header.type is MsgType.ERROR and header.seq == 0):
+                return header, body
+        return None
+
+    def close(self) -> None:
         """Close the socket (linger 0) and the context (idempotent)."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
             self._ctx.term()
-
-    def __enter__(self) -> "BufferClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

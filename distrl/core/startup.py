@@ -6,6 +6,9 @@ A role process names its run and role once (:func:`record_to`, done by ``distrl.
 the first time this process reaches ``phase``: later calls are no-ops, so a loop may mark every pass. A process
 that never called :func:`record_to` (the separate launchers, tests) marks nothing. :func:`startup_summary`
 reads the file back: every mark in seconds from the launch, and the phases of :data:`PHASES` between them.
+A mark made after torch compiled something carries the process's compile counters
+(:func:`distrl.core.compile_cache.compile_counters`), so the summary also says what each role compiled or loaded
+from the cache by each mark, and how many frames it compiled after its warm-up (``recompiles_after_warmup``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from distrl.core.compile_cache import compile_counters
 
 FILE = "logs/startup.jsonl"
 
@@ -51,7 +56,11 @@ def mark(phase: str, t: float | None = None) -> None:
     if _target is None or phase in _marked:
         return
     _marked.add(phase)
-    line = json.dumps({"role": _target[1], "phase": phase, "t": time.time() if t is None else t}) + "\n"
+    record = {"role": _target[1], "phase": phase, "t": time.time() if t is None else t}
+    counters = compile_counters()
+    if any(counters.values()):
+        record["compile"] = counters
+    line = json.dumps(record) + "\n"
     try:
         _target[0].parent.mkdir(parents=True, exist_ok=True)
         with open(_target[0], "a") as f:  # one short write per line: lines of several processes never mix
@@ -77,11 +86,14 @@ def startup_summary(run_dir: str | Path) -> dict:
     without a launch mark."""
     path = Path(run_dir) / FILE
     marks: dict[str, dict[str, float]] = {}
+    compiled: dict[str, dict[str, dict]] = {}
     lines = path.read_text().splitlines() if path.is_file() else []
     for line in lines:
         try:
             m = json.loads(line)
             marks.setdefault(m["role"], {}).setdefault(m["phase"], float(m["t"]))
+            if isinstance(m.get("compile"), dict):
+                compiled.setdefault(m["role"], {}).setdefault(m["phase"], m["compile"])
         except (ValueError, KeyError, TypeError):
             continue
     launch = marks.get("driver", {}).get("launch")
@@ -91,4 +103,21 @@ def startup_summary(run_dir: str | Path) -> dict:
            for role, ms in marks.items()}
     phases = {name: round(rel[b[0]][b[1]] - rel[a[0]][a[1]], 2) for name, (a, b) in PHASES.items()
               if a[1] in rel.get(a[0], {}) and b[1] in rel.get(b[0], {})}
-    return {"phases_s": phases, "marks_s": rel}
+    return {"phases_s": phases, "marks_s": rel, "compile": compiled,
+            "recompiles_after_warmup": recompiles_after_warmup(compiled)}
+
+
+# role kind -> the mark after which a role compiles nothing more (its warm-up is over)
+WARM = {"learner": "first_version", "actor": "engine_warm"}
+
+
+def recompiles_after_warmup(compiled: dict[str, dict[str, dict]]) -> int | None:
+    """Dynamo frames compiled after each role's warm-up (:data:`WARM`) up to its ``finished`` mark, summed over
+    the roles that have both marks; None when none has (a run that ended early, or compiled nothing)."""
+    total, seen = 0, False
+    for role, phases in compiled.items():
+        warm = WARM.get(role.rstrip("0123456789"))
+        if warm in phases and "finished" in phases:
+            total += phases["finished"].get("frames_compiled", 0) - phases[warm].get("frames_compiled", 0)
+            seen = True
+    return total if seen else None

@@ -194,7 +194,8 @@ class Latest(Message, frozen=True, tag="LATEST"):
 
 
 class Announce(Message, frozen=True, tag="ANNOUNCE"):
-    """A published policy version (distrl.weights.base.Announcement's fields)."""
+    """A published policy version: the one announcement type (distrl.weights.base.announcement makes one), as the
+    publisher sends it, LATEST answers it and subscribers, loaders and actors use it."""
 
     version: Count
     format: str

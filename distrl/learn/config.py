@@ -105,9 +105,11 @@ class LearnOptions:
     BENCHMARKS.md eighth round). The learner compiles at start every variant of the layers' inputs a
     micro-batch can bring (one row or more; packed rows with or without a mask; with and without gradients:
     `distrl.learn.model.compile_layers`), so no batch recompiles mid-run; that takes about a minute while the actors
-    start. Unset: on for a CUDA learner with --backend hf (Unsloth compiles its own), unless
-    --learner_generates (its generator would recompile the layers with a KV cache); True or False forces it
-    (True is refused with --learner_generates). Ignored on CPU."""
+    start, the first time: the compiled code is kept in `~/.cache/distrl/compile/` and later runs of the same
+    model and flags load it (docs/gpu.md, "Compile caches"). Unset: on for a CUDA learner with --backend hf (Unsloth
+    compiles its own), unless --learner_generates (its generator would recompile the layers with a KV cache);
+    True or False forces it (True is refused with --learner_generates; True on a CPU learner compiles C++ kernels,
+    which needs a C compiler)."""
     clip_eps: float = 0.2
     """GRPO/PPO ratio clip: the importance ratio is clipped to [1 - clip_eps, 1 + clip_eps]."""
     clip_eps_low: Optional[float] = None
@@ -174,7 +176,8 @@ class LearnOptions:
     learner_generates: bool = False
     """The learner also generates: while its GET waits for data it samples groups with its own model (the
     HF engine on the learner's model object, no weight copy, at the learner's current version) and PUTs
-    them as actor `learner<rank>` (actor_id -1-rank). Allows --number_of_actors 0."""
+    them as actor `learner<rank>` (actor_id -1-rank; distrl/rollout/learner_generates.py: LearnerGenerator). Allows
+    --number_of_actors 0."""
     attest_tolerance: Optional[float] = None
     """Largest |engine - learner| canary logprob, nats/token, for a group's weight stamp to match (unset:
     1e-4 for float32 on CPU, 0.05 for bf16 or CUDA; derived in distrl/weights/attest.py)."""

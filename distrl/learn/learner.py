@@ -26,7 +26,7 @@ and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards 
 version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
 ``distrl.learn.model.export_final``).
 
-Works under Ray (``distrl.cmd.trainer.LearnerRole`` creates the process group) and under torchrun
+Works under Ray (``distrl.cmd.roles.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``distrl.learn.distributed``).
 """
 
@@ -37,7 +37,6 @@ import json
 import logging
 import shutil
 import time
-from array import array
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
 from distrl.core.run_options import SharedOptions, StalenessOptions
 from distrl.core.startup import mark
@@ -66,34 +66,11 @@ from distrl.learn.model import (
 )
 from distrl.learn.optim import build_optimizer
 from distrl.learn.quarantine import LearnerAttestation
+from distrl.learn.step_stats import History, combine
 from distrl.learn.tensor_metrics import to_floats
 
 __all__ = ["Learner", "init_distributed_from_env", "loss_config"]
 log = logging.getLogger("distrl.learner")
-
-
-class History:
-    """The per-version series `Learner.run` returns (``rows()``: one dict per version with the keys of
-    ``TAGS``; every other metric is in TensorBoard only), held as typed arrays: 40 bytes a version, where a
-    dict of every metric per version cost ~2 KB (gigabytes over a week-long run)."""
-
-    TAGS = {"learner/loss": "d", "learner/reward_mean": "d", "learner/grad_norm": "d",
-            "learner/staleness_mean": "d", "learner/staleness_max": "q"}  # tag -> array type code
-
-    def __init__(self) -> None:
-        self.series = {tag: array(code) for tag, code in self.TAGS.items()}
-
-    def append(self, stats: dict) -> None:
-        """Record one version's ``stats`` (must hold every tag of ``TAGS``; other keys are ignored)."""
-        for tag, series in self.series.items():
-            series.append(stats[tag])
-
-    def rows(self) -> list[dict]:
-        return [dict(zip(self.series, row)) for row in zip(*self.series.values())]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.itemsize * len(s) for s in self.series.values())
 
 
 def loss_config(learn: LearnOptions, shared: SharedOptions) -> LossConfig:
@@ -115,14 +92,14 @@ class Learner:
     distrl/core/run_options.py) and the objects assembled for it (``publisher``); never a command's config.
 
     ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
-    only computes the gradients (tests compare micro-batchings with it).
+    only computes the gradients (tests compare micro-batchings with it). ``client``: the buffer client
+    (:class:`distrl.core.buffer_client.BufferApi`) to use instead of a BufferClient of ``buffer_address``
+    (tests: ``distrl.buffer.inprocess``).
     """
 
     def __init__(self, learn: LearnOptions, shared: SharedOptions, staleness: StalenessOptions, rank: int,
                  world_size: int, buffer_address: str, model_dir: str, publisher=None, tb_dir: str | None = None,
-                 run_dir: str | Path | None = None):
-        from distrl.core.buffer_client import BufferClient
-
+                 run_dir: str | Path | None = None, client: BufferApi | None = None):
         self.learn, self.shared, self.staleness = learn, shared, staleness
         self.rank, self.world_size, self.model_dir = rank, world_size, model_dir
         torch.manual_seed(shared.seed)
@@ -140,7 +117,7 @@ class Learner:
         if learn.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()  # Qwen2/Llama have no dropout by default; LoRA is built with lora_dropout=0
-        if learn.compiles_layers() and self.device.type == "cuda":
+        if learn.compiles_layers() and (self.device.type == "cuda" or learn.learner_compile):
             compile_layers(self.model, packed=learn.learner_pack_tokens > 0, kl=learn.kl_coef > 0)
         if self.device.type == "cuda" and self.params[0].dtype in (torch.bfloat16, torch.float16):
             # The fp32 head multiplies bf16-valued hidden states and weights: TF32 inputs hold bf16 values
@@ -160,9 +137,13 @@ class Learner:
         if learn.kl_coef > 0 and shared.finetune == "full":
             self.reference = frozen_reference(self.model)
         self.pad_id = self.model.config.pad_token_id or 0
-        self.client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
-                                   curve_server_key=shared.buffer_curve_server_key,
-                                   curve_client_key=shared.buffer_curve_client_key)
+        if client is None:
+            from distrl.core.buffer_client import BufferClient
+
+            client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
+                                  curve_server_key=shared.buffer_curve_server_key,
+                                  curve_client_key=shared.buffer_curve_client_key)
+        self.client = client
         self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
@@ -282,7 +263,7 @@ class Learner:
         if self.baseline is not None:
             self.baseline.update(totals["reward_mean"])
         loss = all_reduce_sum([sum(p["loss"] for p in parts)], self.world_size)[0]
-        stats = _combine(parts, table, self.version, grad_norm)
+        stats = combine(parts, table, self.version, grad_norm)
         truncated = np.count_nonzero(pc.equal(table.column("finish_reason"), "length").to_numpy())
         stats.update({"learner/loss": loss, "learner/reward_mean": totals["reward_mean"], "learner/lr": lr,
                       "learner/skipped_step": 0.0 if totals["signal"] else 1.0,
@@ -402,32 +383,3 @@ class Learner:
 
     def close(self) -> None:
         self.client.close()
-
-
-def _combine(parts: list[dict], table: pa.Table, version: int, grad_norm: float) -> dict:
-    """Token-weighted means of micro-batch metrics (maxima of ``*_max``, minima of ``*_min``), and
-    batch-level statistics of this rank's shard. An empty ``parts`` (skipped step) gives no loss metrics."""
-    n = sum(p["masked_tokens"] for p in parts)
-    staleness = (version - table.column("policy_version").to_numpy()).tolist() or [0]
-    p_len, c_len = list_lengths(table, "prompt_ids"), list_lengths(table, "completion_ids")
-    stats = {
-        "learner/grad_norm": grad_norm,
-        "learner/staleness_mean": sum(staleness) / len(staleness),
-        "learner/staleness_max": max(staleness),
-        "learner/completion_tokens": float(c_len.sum()),
-        "staleness_values": staleness,
-        "tokens": int(p_len.sum() + c_len.sum()),
-    }
-    if not parts or n == 0:
-        return stats
-    stats["learner/entropy"] = sum(p["entropy_sum"] for p in parts) / n
-    skip = {"masked_tokens", "loss", "entropy_sum"}
-    for key in sorted({k for p in parts for k in p} - skip):
-        values = [(p[key], p["masked_tokens"]) for p in parts if key in p]
-        if key.endswith("_max"):
-            stats[f"learner/{key}"] = max(v for v, _ in values)
-        elif key.endswith("_min"):
-            stats[f"learner/{key}"] = min(v for v, _ in values)
-        else:
-            stats[f"learner/{key}"] = sum(v * w for v, w in values) / n
-    return stats

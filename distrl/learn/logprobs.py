@@ -250,7 +250,7 @@ def _cce_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 
     CCE's log-sum-exp accumulates in fp32, but its target logit sums products rounded to the half
     dtype (``(e * c).to(float32)`` in its indexed-dot kernel): an error that grows with the logits'
-    size (0.004 nats on a random model, 0.12 at 30x its scale, on an H200). The value is corrected
+    size (0.004 nats on a random model, 0.12 at 30x its scale). The value is corrected
     here with the fp32 dot product minus the same rounded sum, which cancels CCE's term; the gradient
     is CCE's (the target logit's gradient does not depend on how its value was summed).
     """
@@ -394,7 +394,7 @@ def warm_up(lm_head: torch.nn.Module | torch.Tensor, hidden_size: int, dtype: to
             chunk_tokens: int, impl: str) -> None:
     """Compile the head's fused passes (:func:`_fused`, symbolic sizes) now, on 64 positions of zeros, forward
     and backward, so a learner on CUDA compiles them while its actors start and sample instead of in its first
-    version (about 5 s of a SmolLM2 run's first version on an H200). No parameter's ``.grad`` is touched
+    version (where it took seconds). No parameter's ``.grad`` is touched
     (``torch.autograd.grad`` on the hidden states only); a no-op off CUDA, where nothing compiles."""
     params = _head_params(lm_head)
     weight = params[0] if params is not None else next(lm_head.parameters())

@@ -179,8 +179,8 @@ def export_final(model, directory: str | Path, model_dir: str, tokenizer: Option
 
 def compile_layers(model, packed: bool, kl: bool = False, backend: str = "inductor") -> None:
     """``torch.compile`` each decoder layer of ``model`` (dynamic shapes), then compile now every variant of the
-    layers' inputs a learner micro-batch can bring, so that no batch recompiles mid-run (--learner_compile; on
-    an H200 a learner step that compiles the 0.5B architecture's layers takes 8-10 s).
+    layers' inputs a learner micro-batch can bring, so that no batch recompiles mid-run (--learner_compile; a
+    learner step that compiles the layers takes several seconds).
 
     Dynamic shapes still guard on what changes the traced code: a batch of one row (sizes 0 and 1 are
     specialized); with ``packed`` rows, whether transformers passes the layers a mask (rows of two or more

@@ -3,8 +3,8 @@
 :class:`WorkerPool` keeps ``size`` such children (:class:`JsonWorker`) and answers a list of requests in
 parallel, each child one request at a time: ``distrl.rollout.rewards`` scores a hand-back's completions with it
 (math_verify for gsm8k/math500, a user's ``--reward``), so that scoring, which runs on the actor's host
-between the engine's decode steps, takes about 1/size of its serial time (256 GSM8K completions of
-SmolLM2 took 0.4 s scored one by one, against 0.6 s for the generate call itself on an H200).
+between the engine's decode steps, takes about 1/size of its serial time (scored one by one, a call's
+completions took nearly as long as the generate call itself on a GPU).
 """
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ def transport(name: str | None) -> type[Transport]:
 
 
 _LAZY = {  # name -> the module that defines it, imported on first use (PEP 562)
-    **dict.fromkeys(["BASE", "Announcement", "WeightError", "WeightPublisher", "WeightSubscriber", "Publisher",
-                     "Loader", "DirectoryLoader"], "base"),
-    **dict.fromkeys(["DirectoryTransport", "DirectoryPublisher", "FsFetcher", "directory_digest", "fetch"], "fs"),
+    **dict.fromkeys(["BASE", "Announcement", "announcement", "WeightError", "WeightPublisher", "WeightSubscriber",
+                     "Publisher", "Loader", "DirectoryLoader"], "base"),
+    **dict.fromkeys(["PayloadDirectory", "DirectoryPublisher", "FsFetcher", "directory_digest", "fetch"], "fs"),
     "ZmqFetcher": "zmq",
 }
 

@@ -6,6 +6,8 @@ weights through a transport (today: a shared directory, :mod:`distrl.weights.fs`
 subscriber connected, so the publisher also answers ``LATEST`` requests on a ROUTER socket (late
 joiners, restarted actors). Actors own a :class:`WeightSubscriber`: between generate calls they take
 the newest announcement, never an older one than they serve, and verify its digest before loading.
+An announcement is the wire message itself (:class:`distrl.core.wire.Announce`, made by :func:`announcement`):
+the struct the publisher sends is the one subscribers decode, validate and hand to loaders.
 
 Formats: ``base`` (version 0: the initial weights, nothing to load), ``lora`` (a PEFT adapter
 directory that vLLM loads as a new ``LoRARequest`` per version) and ``full`` (a `save_pretrained`
@@ -34,9 +36,9 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
 import zmq
 
 from distrl.core import wire
@@ -51,29 +53,28 @@ class WeightError(RuntimeError):
     """A weight payload that cannot be used (missing, or its digest does not match)."""
 
 
-@dataclass(frozen=True)
-class Announcement:
-    """One published policy version. ``location`` is transport-specific (a directory for `fs`)."""
-
-    version: int
-    format: str
-    digest: str
-    location: str
-    published_at: float = 0.0  # unix seconds when the payload was in place (for lag metrics)
-    nbytes: int = 0  # payload size in bytes
-    manifest: tuple = ()  # nccl transport: (name, dtype, shape, buffer, offset) of each broadcast tensor
-
-    @classmethod
-    def from_fields(cls, fields: dict) -> "Announcement":
-        try:
-            return cls(int(fields["version"]), str(fields["format"]), str(fields["digest"]),
-                       str(fields["location"]), float(fields.get("published_at", 0.0)),
-                       int(fields.get("nbytes", 0)), tuple(tuple(e) for e in fields.get("manifest", ())))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise wire.WireError(f"bad weight announcement {fields!r}: {exc}") from None
+Announcement = wire.Announce  # the one announcement type: the ANNOUNCE message, as sent and as received
 
 
-BASE = Announcement(version=0, format="base", digest="", location="")
+def announcement(version: int, format: str, digest: str, location: str, published_at: float = 0.0, nbytes: int = 0,
+                 manifest: tuple = ()) -> Announcement:
+    """One published policy version (:class:`distrl.core.wire.Announce`). ``location`` is transport-specific (a
+    directory for `fs`); ``published_at``: unix seconds when the payload was in place (for lag metrics);
+    ``nbytes``: payload size in bytes; ``manifest``: nccl and shm transports' (name, dtype, shape, buffer, offset)
+    of each tensor. Sent as it is (sender ``learner0``, seq = version)."""
+    return wire.message(wire.MsgType.ANNOUNCE, "learner0", version, version=version, format=format, digest=digest,
+                        location=location, published_at=published_at, nbytes=nbytes, manifest=manifest)
+
+
+def announced(header: wire.Header) -> Announcement:
+    """The announcement a decoded PUB message or LATEST reply is, as :func:`announcement` made it (a reply's seq,
+    which echoes its request's, back to the version); WireError if it is another message type."""
+    if header.type is not wire.MsgType.ANNOUNCE:
+        raise wire.WireError(f"expected a weight announcement, got {header.type.value}")
+    return header if header.seq == header.version else msgspec.structs.replace(header, seq=header.version)
+
+
+BASE = announcement(version=0, format="base", digest="", location="")
 
 
 def endpoint_host(address: str) -> str:
@@ -167,7 +168,7 @@ class WeightPublisher:
             self._payloads = {v: a for v, a in self._payloads.items() if Path(a.location).is_dir()}
             self._payloads[ann.version] = ann
             self._asked_latest = set()
-        self._pub.send_multipart([TOPIC, *wire.encode(wire.MsgType.ANNOUNCE, "learner0", ann.version, **asdict(ann))])
+        self._pub.send_multipart([TOPIC, ann.encode()])
 
     def _serve_latest(self) -> None:
         poller = zmq.Poller()
@@ -189,7 +190,7 @@ class WeightPublisher:
                 latest, payloads = self._latest, dict(self._payloads)
             if header.type == wire.MsgType.LATEST:
                 self._asked_latest.add(header.sender)
-                return wire.encode(wire.MsgType.ANNOUNCE, "learner0", header.seq, **asdict(latest))
+                return [msgspec.structs.replace(latest, seq=header.seq).encode()]
             if header.type == wire.MsgType.FETCH:
                 return serve_fetch(header, payloads)
             raise wire.WireError(f"weight endpoint answers LATEST and FETCH, got {header.type.value}")
@@ -313,7 +314,7 @@ class WeightSubscriber:
         while self._sub.poll(0):
             _topic, *frames = self._sub.recv_multipart()
             header, _ = wire.decode(frames)
-            self._offer(Announcement.from_fields(header.fields))
+            self._offer(announced(header))
         return self.newest
 
     def request_latest(self, timeout_s: float = 10.0) -> Announcement:
@@ -331,7 +332,7 @@ class WeightSubscriber:
             sock.close()
         if header.type == wire.MsgType.ERROR:
             raise RuntimeError(header.fields.get("error"))
-        self._offer(Announcement.from_fields(header.fields))
+        self._offer(announced(header))
         return self.newest
 
     def wait_for(self, min_version: int, timeout_s: float, should_stop=lambda: False) -> Announcement:

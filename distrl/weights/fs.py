@@ -15,7 +15,7 @@ from typing import Callable
 
 import xxhash
 
-from distrl.weights.base import Announcement, DirectoryLoader, Publisher, WeightError, payload_format
+from distrl.weights.base import Announcement, DirectoryLoader, Publisher, WeightError, announcement, payload_format
 
 CHUNK = 16 * 2**20
 
@@ -45,8 +45,10 @@ def prune_versions(root: Path, newest: int, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-class DirectoryTransport:
-    """Publishes each version into `root/vNNNNNN` and keeps the newest `keep` versions on disk."""
+class PayloadDirectory:
+    """The directory of weight payloads by version: writes each into `root/vNNNNNN` (atomically: a temporary
+    directory renamed) and keeps the newest `keep` on disk. Not a transport: the ``fs`` and ``zmq`` transports
+    announce and serve what it writes."""
 
     def __init__(self, root: str | Path, keep: int = 4):
         self.root = Path(root)
@@ -67,7 +69,7 @@ class DirectoryTransport:
         tmp.rename(final)
         self._last = version
         self._prune()
-        return Announcement(version=version, format=fmt, digest=digest, location=str(final),
+        return announcement(version=version, format=fmt, digest=digest, location=str(final),
                             published_at=time.time(), nbytes=nbytes)
 
     def _prune(self) -> None:
@@ -82,7 +84,7 @@ class DirectoryPublisher(Publisher):
     def __init__(self, weights_dir: str | Path, keep: int = 4, pub_address: str = "tcp://127.0.0.1:0",
                  latest_address: str = "tcp://127.0.0.1:0"):
         super().__init__(pub_address, latest_address)
-        self.directory = DirectoryTransport(weights_dir, keep)
+        self.directory = PayloadDirectory(weights_dir, keep)
 
     def publish(self, version: int, model) -> Announcement:
         """Write `model` with ``save_pretrained`` (a PEFT model: its adapter) as `version`, announce it."""

@@ -29,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from distrl.weights.base import Announcement, Loader, Publisher, WeightError
+from distrl.weights.base import Announcement, Loader, Publisher, WeightError, announcement
 from distrl.weights.flat import Layout, checksum
 
 TIMEOUT = datetime.timedelta(minutes=30)
@@ -64,7 +64,7 @@ class BroadcastSender:
             buffers = [torch.cat([t.detach().reshape(-1) for _, t in named
                                   if str(t.dtype).removeprefix("torch.") == dt]).to(self.device)
                        for dt, _ in layout.sizes()]
-        ann = Announcement(version, "full", checksum(buffers), f"nccl://{self.address}", time.time(),
+        ann = announcement(version, "full", checksum(buffers), f"nccl://{self.address}", time.time(),
                            sum(b.numel() * b.element_size() for b in buffers), layout.entries)
         with self._cv:
             self._pending = (version, buffers)

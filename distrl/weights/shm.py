@@ -1,8 +1,8 @@
 """Same-host weight transport: full weights through host shared memory, no file format and no socket.
 
 For full fine-tuning with the actors on the learner's host (one GPU shared by both, or several GPUs of one
-machine), where ``fs`` spends most of a version writing and reading a ``save_pretrained`` directory (a
-0.5B model: ~0.8 s to publish and ~0.8 s to load on an H200) for what is a memory copy.
+machine), where ``fs`` spends most of a version writing and reading a ``save_pretrained`` directory for
+what is a memory copy.
 
     learner: SharedMemoryPublisher.publish(version, model) copies the parameters into one of two *slots*,
              files under /dev/shm mapped by both processes (the one not holding the newest version), computes
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from distrl.weights.base import Announcement, Loader, Publisher, WeightError, payload_format
+from distrl.weights.base import Announcement, Loader, Publisher, WeightError, announcement, payload_format
 from distrl.weights.flat import Layout, checksum
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class SharedMemoryPublisher(Publisher):
             digest = checksum([t for _, t in named])  # on the parameters' device; synchronizes it
         header[1] = version
         self.newest = index
-        ann = Announcement(version, "full", digest, f"shm://{path}", time.time(), layout.nbytes(), layout.entries)
+        ann = announcement(version, "full", digest, f"shm://{path}", time.time(), layout.nbytes(), layout.entries)
         self.announce(ann)
         return ann
 

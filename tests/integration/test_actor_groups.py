@@ -16,7 +16,7 @@ from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
 from distrl.rollout.engines import cpu_engine_env
-from distrl.weights import DirectoryTransport, WeightPublisher
+from distrl.weights import PayloadDirectory, WeightPublisher
 from tests.helpers import new_buffer, scaled_model
 
 
@@ -79,7 +79,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
                       log_dir=str(stack["tmp"]))
     actor = RolloutActor(*actor_sections(cfg), 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))
     try:
-        transport = DirectoryTransport(stack["tmp"] / "weights")
+        transport = PayloadDirectory(stack["tmp"] / "weights")
         full = scaled_model(sharp, stack["tmp"] / "full", 1.0, noise=0.05, seed=4)
         stack["publisher"].announce(transport.publish(1, "full", lambda d: scaled_model(full, d, 1.0)))
         deadline = time.monotonic() + 10
@@ -94,7 +94,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
     got = sorted((r["policy_version"], r["last_policy_version"], len(r["completion_ids"]), r["served_versions"])
                  for r in rows)
     print(f"HF in-flight {mode}: (policy_version, last_policy_version, tokens, served_versions) {got}")
-    assert len(got) == 4 and (actor.aborted_calls, mode) in ((0, "finish"), (1, "abort"))
+    assert len(got) == 4 and (actor.rollouts.aborted_calls, mode) in ((0, "finish"), (1, "abort"))
     if mode == "finish":
         assert [v for v, *_ in got] == [0, 0, 1, 1]
     for first, last, tokens, served in got:

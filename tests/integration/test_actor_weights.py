@@ -14,7 +14,7 @@ from distrl.cmd.assemble import actor_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
-from distrl.weights import Announcement, DirectoryTransport, WeightPublisher
+from distrl.weights import PayloadDirectory, WeightPublisher, announcement
 from tests.helpers import new_buffer
 
 
@@ -40,7 +40,7 @@ def stack(tmp_path):
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()
     publisher = WeightPublisher()
-    transport = DirectoryTransport(tmp_path / "weights")
+    transport = PayloadDirectory(tmp_path / "weights")
     cfg = TrainConfig(model=str(base), task="half_vocab", engine="hf", group_size=2, batch_size=2,
                       max_new_tokens=8, lora_rank=8, run_name="t", log_dir=str(tmp_path))
     endpoints = ActorEndpoints(server.address, *publisher.addresses)
@@ -83,7 +83,7 @@ def test_versions_increase_corruption_is_refused_and_late_actor_starts_current(s
     served.append(a.version)
     assert served == [0, 1, 3]
     with pytest.raises(ValueError, match="not newer"):
-        pub.announce(Announcement(2, "lora", ann2.digest, ann2.location))
+        pub.announce(announcement(2, "lora", ann2.digest, ann2.location))
     # An actor started now (PUB/SUB has dropped every earlier announcement) serves version 3 at once.
     late = actor(stack, 1)
     late._refresh_weights(0)

@@ -23,7 +23,7 @@ from distrl.core import wire
 from distrl.core.buffer_client import BufferClient
 from distrl.core.rows import encode_table
 from distrl.core.wire import Header, MsgType
-from distrl.weights.base import Announcement, WeightPublisher
+from distrl.weights.base import WeightPublisher, announcement
 from tests.helpers import make_group
 from tests.integration.test_buffer_faults import free_port
 
@@ -161,7 +161,7 @@ def test_ten_thousand_bad_messages_are_answered_and_a_good_client_is_served(tmp_
     payload = tmp_path / "v000001"
     payload.mkdir()
     (payload / "adapter.bin").write_bytes(b"w" * 100)
-    publisher.announce(Announcement(1, "lora", "digest", str(payload)))
+    publisher.announce(announcement(1, "lora", "digest", str(payload)))
     stop, done = threading.Event(), {}
     try:
         assert "serving at" in proc.stdout.readline()

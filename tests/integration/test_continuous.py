@@ -1,4 +1,4 @@
-"""Continuous batching in the HF engine (distrl/rollout/engines/hf_continuous.py) on the tiny model, CPU, fp32:
+"""Continuous batching in the HF engine (distrl/rollout/engines/hf/continuous.py) on the tiny model, CPU, fp32:
 the same greedy tokens and logprobs (within 1e-5) as static batching when rows end apart and slots are
 refilled; exact sampled logprobs for rows admitted mid-call; per-completion policy versions under an
 in-flight update; groups handed back as they end."""
@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from distrl.rollout.engines.hf import INFLIGHT_INTERVAL, HFEngine
+from distrl.rollout.engines.hf.engine import INFLIGHT_INTERVAL, HFEngine
 from tests.helpers import scaled_model
 
 PROMPTS = ["1+2=", "12*3= and then 4", "(7+5)*3 = 36, so then 2*", "9-4=", "123456789+987654321=", "8"]
@@ -119,7 +119,7 @@ def test_lookahead_hands_each_row_back_once_one_interval_late(w):
     handed back after interval i + 1 (while rows wait, its slot is refilled then), except at an interval whose
     end every running row has reached its budget; with ``lookahead=False`` at the end of its own interval. Each
     row exactly once, with its full budget, the same tokens either way. The stamp counts decode steps."""
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(p)["input_ids"] for p in PROMPTS] + [e.tokenizer("5+5=")["input_ids"]]
@@ -184,7 +184,7 @@ def test_compiled_step_writes_the_kv_cache_in_place(w):
     step: issue 23's profile, 3.7 of 10.3 ms at 1024 rows on an H200). Its rows equal the eager step's."""
     from torch._inductor.utils import run_and_get_code
 
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(p)["input_ids"] for p in PROMPTS]
@@ -216,7 +216,7 @@ def test_one_compilation_serves_every_state_bucket_and_temperature(w):
     fourth round)."""
     from torch._dynamo.utils import counters
 
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
@@ -246,8 +246,8 @@ def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
     """What ``_capture_buckets`` does at the end of a state's first call on CUDA (a graph per bucket, captured
     while every slot is free), run eagerly here: a step of each bucket over the free slots leaves the next
     call's rows (greedy, refilled slots, a shrinking tail) equal to a fresh sampler's."""
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
-    from distrl.rollout.engines.hf_fast import grouped_attention_mode
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.decode import grouped_attention_mode
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
@@ -276,7 +276,8 @@ def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
     """32 slots, 40 rows of budgets 2..40 (no stop token), greedy: once no row waits, the step decodes only the
     smallest bucket (32, 8) that holds the running rows, which move below it. Every row equals static
     batching's (which never shrinks): same tokens, logprobs within 1e-5; and the step ran at 8 slots."""
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler, buckets
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.slots import buckets
 
     assert buckets(32) == [32, 8] and buckets(12) == [12] and buckets(256) == [256, 64, 16]
     e = engine(w["sharp"])
@@ -304,7 +305,7 @@ def test_the_tail_decodes_fewer_slots_with_the_same_rows(w):
 def test_causal_prefill_equals_the_masked_reference(w):
     """The prefill by SDPA with ``is_causal`` (the default: right-padded prompts of 1-13 tokens, no mask held) gives
     the rows the (k, 1, Q, Q)-masked prefill gives: same greedy tokens, logprobs within 1e-5 (fp32, CPU)."""
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     e = engine(w["sharp"])
     ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"][: 1 + i % 13] for i in range(20)]

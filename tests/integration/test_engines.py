@@ -249,7 +249,7 @@ def test_merged_weights_equal_peft_merge_and_unload(w):
 def test_hf_inflight_update_switches_weights_between_decode_steps(w):
     """An in-flight update (`between_steps` loads a new version in place): tokens before the switch
     were sampled from version 0, tokens after it from the full version; the vLLM engine refuses it."""
-    from distrl.rollout.engines.hf import INFLIGHT_INTERVAL
+    from distrl.rollout.engines.hf.engine import INFLIGHT_INTERVAL
 
     with engine("hf", w["base"]) as e:
         calls = []

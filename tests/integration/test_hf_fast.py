@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from distrl.rollout.engines.hf import INFLIGHT_INTERVAL, HFEngine  # noqa: E402
+from distrl.rollout.engines.hf.engine import INFLIGHT_INTERVAL, HFEngine  # noqa: E402
 
 NEW = 24
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

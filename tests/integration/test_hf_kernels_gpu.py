@@ -1,4 +1,4 @@
-"""The continuous sampler's CUDA decode kernels (distrl/rollout/engines/hf_kernels.py) against the portable path they
+"""The continuous sampler's CUDA decode kernels (distrl/rollout/engines/hf/kernels.py) against the portable path they
 replace (needs an NVIDIA GPU with triton and FlashAttention):
 
 - ``sample_rows`` greedy: the argmax (first of ties) and its logprob under softmax(logits), as ``pick``;
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.mark.parametrize("vocab", [5, 4096, 151936])
 def test_greedy_pick_equals_torch(vocab):
-    from distrl.rollout.engines.hf_fast import pick
-    from distrl.rollout.engines.hf_kernels import sample_rows
+    from distrl.rollout.engines.hf.decode import pick
+    from distrl.rollout.engines.hf.kernels import sample_rows
 
     g = torch.Generator("cuda").manual_seed(vocab)
     logits = 4 * torch.randn((37, vocab), generator=g, device="cuda")
@@ -37,7 +37,7 @@ def test_greedy_pick_equals_torch(vocab):
 
 
 def test_sampled_draws_follow_softmax_over_temperature():
-    from distrl.rollout.engines.hf_kernels import sample_rows
+    from distrl.rollout.engines.hf.kernels import sample_rows
 
     rows, temperature = 200_000, 0.7
     base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0, -4.0, 1.5], device="cuda")
@@ -58,8 +58,8 @@ def test_sampled_draws_follow_softmax_over_temperature():
 
 @pytest.mark.parametrize("impl, d", [("flash", 64), ("triton", 64), ("triton", 80)])  # 80: FlashAttention's
 def test_slot_attention_reads_only_each_slots_positions(impl, d):
-    from distrl.rollout.engines.hf_fast import grouped_attention
-    from distrl.rollout.engines.hf_kernels import slot_attention
+    from distrl.rollout.engines.hf.decode import grouped_attention
+    from distrl.rollout.engines.hf.kernels import slot_attention
 
     g = torch.Generator("cuda").manual_seed(0)
     n, length, hkv, heads = 9, 200, 2, 14
@@ -85,7 +85,7 @@ def test_sampler_with_kernels_is_as_close_to_fp32_as_the_portable_path():
     x 4, 92 % with the default init, measured on an H200)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from distrl.rollout.engines.hf_continuous import ContinuousSampler
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distrl.buffer.held import RecentIds, as_batch, parse_groups
+from distrl.buffer.groups import RecentIds, as_batch, parse_groups
 from distrl.buffer.selection import first_k, topk_rows
 from distrl.buffer.store import BufferFull, GroupStore
 from distrl.core.errors import NoProgress
@@ -479,8 +479,8 @@ def test_put_messages_equals_one_put_groups_per_message():
     kw = dict(batch_size=6, max_staleness=1, topk=1, group_size=2, filter_zero_variance=True, max_rows=40)
     together, apart, sent, version = store(**kw), store(**kw), [], 0
     joint = []
-    put_together = together._put_together
-    together._put_together = lambda puts: joint.append(put_together(puts)) or joint[-1]
+    put_together = together.intake._put_together
+    together.intake._put_together = lambda puts: joint.append(put_together(puts)) or joint[-1]
 
     def answer(put, batch):
         try:
@@ -549,6 +549,6 @@ def test_a_resent_put_is_a_duplicate_within_the_dedup_window_and_memory_stays_bo
     assert s.put(make_group("first")) == (0, True)
     for i in range(3, 200):
         s.put(make_group(f"g{i}"))
-        assert len(s._seen) <= 2 * 16 + 4
+        assert len(s.intake._seen) <= 2 * 16 + 4
     assert s.put(make_group("first")) == (201, False)  # long forgotten: accepted again, as documented
     assert s.stats()["duplicates"] == 1

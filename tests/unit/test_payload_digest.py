@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from distrl.weights import DirectoryTransport
+from distrl.weights import PayloadDirectory
 from distrl.weights.fs import save_payload
 
 
@@ -31,7 +31,7 @@ def test_the_order_of_a_set_does_not_change_the_digest(tmp_path):
     modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     digests = []
     for i, order in enumerate((modules, modules[::-1], sorted(modules))):
-        transport = DirectoryTransport(tmp_path / f"w{i}")
+        transport = PayloadDirectory(tmp_path / f"w{i}")
         digests.append(transport.publish(3, "lora", lambda d, o=order: save_payload(_Adapter(o), d)).digest)
     assert len(set(digests)) == 1, digests
     written = json.loads((tmp_path / "w0" / "v000003" / "adapter_config.json").read_text())
@@ -42,12 +42,12 @@ _PUBLISH = """
 import sys, torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
-from distrl.weights import DirectoryTransport
+from distrl.weights import PayloadDirectory
 from distrl.weights.fs import save_payload
 torch.manual_seed(0)
 model = get_peft_model(AutoModelForCausalLM.from_pretrained(sys.argv[1]), LoraConfig(
     r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-print(DirectoryTransport(sys.argv[2]).publish(1, "lora", lambda d: save_payload(model, d)).digest)
+print(PayloadDirectory(sys.argv[2]).publish(1, "lora", lambda d: save_payload(model, d)).digest)
 """
 
 

@@ -70,7 +70,7 @@ def test_loading_a_version_keeps_nothing_per_version(tmp_path):
 
 def test_learner_history_is_compact():
     """The learner's returned history holds 40 bytes a version, not each version's stats dict."""
-    from distrl.learn.learner import History
+    from distrl.learn.step_stats import History
 
     history = History()
     for v in range(10_000):

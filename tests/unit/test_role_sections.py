@@ -1,12 +1,17 @@
 """Each role reads only its own config sections and the foundation's (issue 42, config by composition).
 
-Two checks, on the real code:
+Three checks, on the real code:
 
 1. The source of each role package (`distrl/rollout`, `distrl/learn`, `distrl/buffer`), read with `ast`: no
    attribute read names an option that only another role's section (or a command's own section) declares, and no
    module imports another role's config module or a command's.
-2. A learner, a rollout actor and the buffer are built, in a fresh interpreter, from section objects made
-   directly (no command config) and the parts assembled for them (a weight publisher, the buffer's address): the
+2. No flat config in a role package: a `cfg` (or `config`, `self.cfg`) read there is one section, so the options
+   read from it all belong to one section (a composed config read flat, `cfg.seed` beside `cfg.group_size`, is
+   found); the roles' entry points (Learner, RolloutActor, LearnerGenerator, Rollouts, load_task, the buffer's
+   build_buffer, make_store and the in-process open_buffer) take no `cfg` argument.
+3. A learner, a rollout actor and the buffer are built, in a fresh interpreter, from section objects made
+   directly (no command config) and the parts assembled for them (a weight publisher, the buffer's address), and
+   so are the in-process buffer and a --learner_generates generator (its Rollouts step run once on it): the
    process never imports `distrl.cmd`, so no composed config is in reach.
 """
 
@@ -94,6 +99,76 @@ def test_the_check_sees_a_foreign_read(tmp_path):
     assert [name for _, name in attribute_reads(bad) if name in foreign_options("rollout")] == ["max_steps"]
 
 
+SECTIONS = [s for own in OWN.values() for s in own] + list(FOUNDATION) + list(COMMANDS_OWN)
+CONFIG_NAMES = {"cfg", "config", "self.cfg", "self.config"}
+
+
+def option_owners() -> dict[str, set[str]]:
+    """Option name (a section's field or property) -> the names of the sections that declare it."""
+    owners: dict[str, set[str]] = {}
+    for section in SECTIONS:
+        names = [f.name for f in dataclasses.fields(section)]
+        names += [name for name, value in vars(section).items() if isinstance(value, property)]
+        for name in names:
+            owners.setdefault(name, set()).add(section.__name__)
+    return owners
+
+
+def flat_config_reads(path: Path) -> list[str]:
+    """Per function of ``path``: a config name (CONFIG_NAMES) whose option reads no single section declares all of."""
+    owners, found = option_owners(), []
+    functions = [n for n in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for function in functions:
+        reads: dict[str, dict[str, int]] = {}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in owners:
+                name = ast.unparse(node.value)
+                if name in CONFIG_NAMES:
+                    reads.setdefault(name, {}).setdefault(node.attr, node.lineno)
+        for name, options in reads.items():
+            if not set.intersection(*(owners[option] for option in options)):
+                found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}: "
+                             f"{function.name}: {name}." + ", .".join(f"{o} (line {n})" for o, n in options.items()))
+    return found
+
+
+@pytest.mark.parametrize("role", sorted(OWN))
+def test_a_role_reads_no_flat_config(role):
+    found = [hit for path in sorted((ROOT / "distrl" / role).rglob("*.py")) for hit in flat_config_reads(path)]
+    assert found == [], f"distrl/{role} reads options of several sections from one config:\n" + "\n".join(found)
+
+
+def test_the_check_sees_a_flat_config(tmp_path):
+    """The scan finds a composed config read flat: a seed (shared) and a group size (batch) from one ``cfg``."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("class R:\n    def step(self):\n        return self.cfg.seed * self.cfg.group_size\n"
+                   "def load(cfg):\n    return cfg.task, cfg.reward\n"
+                   "def fine(cfg):\n    return cfg.seed, cfg.max_new_tokens\n")
+    assert sorted(hit.split(": ")[1] for hit in flat_config_reads(bad)) == ["load", "step"]
+
+
+def test_the_roles_entry_points_take_sections_not_a_config():
+    import inspect
+
+    from distrl.buffer.assemble import build_buffer, make_store
+    from distrl.buffer.inprocess import open_buffer
+    from distrl.learn.learner import Learner
+    from distrl.rollout.actor import RolloutActor
+    from distrl.rollout.learner_generates import LearnerGenerator
+    from distrl.rollout.rollouts import Rollouts, load_task
+
+    names = {f.__qualname__: list(inspect.signature(f).parameters)
+             for f in (Learner, RolloutActor, LearnerGenerator, Rollouts, load_task, build_buffer, make_store,
+                       open_buffer)}
+    assert {name: params for name, params in names.items() if {"cfg", "config"} & set(params)} == {}
+    assert names["load_task"][:3] == ["prompt", "generation", "shared"]
+    assert names["Rollouts"][:3] == ["generation", "shared", "batch"] and "log_samples" in names["Rollouts"]
+    assert names["LearnerGenerator"][:4] == ["prompt", "generation", "shared", "batch"]
+    assert names["open_buffer"][:5] == names["build_buffer"][:5] == ["batch", "staleness", "keep", "selection",
+                                                                      "storage"]
+
+
 BUILD_FROM_SECTIONS = textwrap.dedent("""
     import sys
     from pathlib import Path
@@ -122,7 +197,19 @@ BUILD_FROM_SECTIONS = textwrap.dedent("""
     actor = RolloutActor(PromptOptions(task="arith"), TaskOptions(reward_workers=1), RolloutOptions(engine="hf"),
                          shared, batch, 0, endpoints, model, work_dir=str(work / "run"))
     assert learner.version == 0 and actor.version == 0 and server.store.stats()["groups"] == 0
-    for part in (actor, learner, publisher, server):
+    assert actor.rollouts.log_samples == 2  # RolloutOptions' default, handed to its Rollouts
+
+    from distrl.buffer.inprocess import open_buffer
+    from distrl.rollout.learner_generates import LearnerGenerator, generator_name
+
+    inproc = open_buffer(batch, staleness, TopkOptions(), SelectionOptions(), StorageOptions(prefault_bytes=0),
+                         work / "inproc")
+    generator = LearnerGenerator(PromptOptions(task="arith"), TaskOptions(reward_workers=1), shared, batch, 0, 1,
+                                 learner.model, inproc.client(generator_name(0)), model,
+                                 policy_version=lambda: learner.version)
+    assert generator.generate_once() and inproc.store.stats()["groups"] == batch.batch_size
+    assert generator.summary()["groups"] == batch.batch_size and generator.rollouts.log_samples == 0
+    for part in (generator, inproc, actor, learner, publisher, server):
         part.close()
     commands = sorted(name for name in sys.modules if name == "distrl.cmd" or name.startswith("distrl.cmd."))
     print("commands imported:", commands)
@@ -131,7 +218,8 @@ BUILD_FROM_SECTIONS = textwrap.dedent("""
 
 
 def test_each_role_builds_from_its_own_sections_alone(tmp_path):
-    """Learner, actor and buffer from section objects and their assembled parts; no command config exists."""
+    """Learner, actor and buffer (and the in-process buffer, a generator on the learner's model) from section
+    objects and their assembled parts; no command config exists."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     done = subprocess.run([sys.executable, "-c", BUILD_FROM_SECTIONS, str(tmp_path)], capture_output=True,
                           text=True, timeout=300, env=env, cwd=tmp_path)

@@ -13,7 +13,7 @@ from distrl.core import wire
 from distrl.core.buffer_client import BufferClient
 from distrl.core.security import RunKeys, use_run_keys
 from distrl.core.wire import MsgType
-from distrl.weights.base import Announcement, WeightPublisher, WeightSubscriber
+from distrl.weights.base import WeightPublisher, WeightSubscriber, announcement
 from distrl.weights.fs import directory_digest
 from distrl.weights.zmq import ZmqFetcher
 from tests.helpers import make_group
@@ -69,7 +69,7 @@ def test_weight_endpoints_answer_only_the_runs_client_key(tmp_path, keys):
     payload = tmp_path / "v1"
     payload.mkdir()
     (payload / "adapter.bin").write_bytes(b"\x01" * 1000)
-    ann = Announcement(1, "lora", directory_digest(payload), str(payload))
+    ann = announcement(1, "lora", directory_digest(payload), str(payload))
     publisher = WeightPublisher()
     subscriber = WeightSubscriber(*publisher.addresses, "actor0")
     try:
@@ -80,7 +80,7 @@ def test_weight_endpoints_answer_only_the_runs_client_key(tmp_path, keys):
         version = 1
         while subscriber.poll().version == 1 and version < 50:  # PUB: the subscription takes a moment
             version += 1
-            publisher.announce(Announcement(version, "base", "", ""))
+            publisher.announce(announcement(version, "base", "", ""))
             subscriber._sub.poll(200)
         assert subscriber.poll().version == version > 1  # announced on the PUB
         versions = iter(range(version + 1, version + 100))
@@ -88,7 +88,7 @@ def test_weight_endpoints_answer_only_the_runs_client_key(tmp_path, keys):
             assert no_answer(publisher.latest_address, server_public,
                              lambda sock: sock.send_multipart(wire.encode(MsgType.LATEST, "stranger"), zmq.NOBLOCK))
             assert no_answer(publisher.pub_address, server_public,
-                             lambda sock: publisher.announce(Announcement(next(versions), "base", "", "")), zmq.SUB)
+                             lambda sock: publisher.announce(announcement(next(versions), "base", "", "")), zmq.SUB)
         assert subscriber.poll().version > version  # the run's subscriber got those announcements
     finally:
         subscriber.close()

@@ -12,8 +12,8 @@ import torch
 
 from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
-from distrl.rollout.actor import samples_markdown
 from distrl.rollout.rewards import MathVerifier, UserReward, apply_truncation, timed_out
+from distrl.rollout.rollouts import samples_markdown
 from distrl.rollout.tasks import ArithTask, Problem
 from tests.helpers import make_group, new_buffer, shared_data
 

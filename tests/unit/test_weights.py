@@ -10,13 +10,13 @@ import zmq
 
 from distrl.core import wire
 from distrl.weights import (
-    Announcement,
-    DirectoryTransport,
     FsFetcher,
+    PayloadDirectory,
     WeightError,
     WeightPublisher,
     WeightSubscriber,
     ZmqFetcher,
+    announcement,
 )
 
 
@@ -43,7 +43,7 @@ def wait_until(fn, timeout=5.0):
 
 
 def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publisher, tmp_path):
-    transport = DirectoryTransport(tmp_path / "weights", keep=3)
+    transport = PayloadDirectory(tmp_path / "weights", keep=3)
     sub = WeightSubscriber(*publisher.addresses)
     time.sleep(0.2)  # let SUB connect before the first announcement
     seen = []
@@ -54,7 +54,7 @@ def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publ
     assert seen == [1, 2, 3, 4, 5]
     # An older announcement never replaces a newer one.
     with pytest.raises(ValueError, match="not newer"):
-        publisher.announce(Announcement(3, "lora", "x", "/nowhere"))
+        publisher.announce(announcement(3, "lora", "x", "/nowhere"))
     late = WeightSubscriber(*publisher.addresses)
     assert late.poll().version == 0  # PUB/SUB dropped what was sent before it connected
     assert late.request_latest().version == 5
@@ -65,7 +65,7 @@ def test_versions_seen_are_strictly_increasing_and_late_joiner_gets_current(publ
 
 @pytest.mark.parametrize("fetcher_kind", ["fs", "zmq"])
 def test_fetch_returns_identical_payload_and_refuses_corruption(publisher, tmp_path, fetcher_kind):
-    transport = DirectoryTransport(tmp_path / "weights")
+    transport = PayloadDirectory(tmp_path / "weights")
     ann = transport.publish(1, "lora", write_payload(300_000, 1))
     publisher.announce(ann)
     fetcher = FsFetcher() if fetcher_kind == "fs" else ZmqFetcher(publisher.latest_address, tmp_path / "cache",
@@ -76,17 +76,17 @@ def test_fetch_returns_identical_payload_and_refuses_corruption(publisher, tmp_p
     if fetcher_kind == "zmq":
         assert path != tmp_path / "weights" / "v000001" and fetcher.bytes_fetched > 300_000
     # A payload whose bytes differ from the announced digest is refused.
-    bad = Announcement(1, "lora", "0" * 64, ann.location)
+    bad = announcement(1, "lora", "0" * 64, ann.location)
     fetcher2 = FsFetcher() if fetcher_kind == "fs" else ZmqFetcher(publisher.latest_address, tmp_path / "cache2")
     with pytest.raises(WeightError, match="digest"):
         fetcher2.fetch(bad)
 
 
 def test_zmq_fetch_of_unknown_version_and_bad_requests_get_errors(publisher, tmp_path):
-    ann = DirectoryTransport(tmp_path / "w").publish(1, "lora", write_payload(10, 1))
+    ann = PayloadDirectory(tmp_path / "w").publish(1, "lora", write_payload(10, 1))
     publisher.announce(ann)
     with pytest.raises(WeightError, match="not retained"):
-        ZmqFetcher(publisher.latest_address, tmp_path / "c", timeout_s=5).fetch(Announcement(7, "lora", "d", "x"))
+        ZmqFetcher(publisher.latest_address, tmp_path / "c", timeout_s=5).fetch(announcement(7, "lora", "d", "x"))
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
     sock.connect(publisher.latest_address)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 
+import msgspec
 import torch
 
 from distrl.weights import WeightError
@@ -68,7 +69,7 @@ def test_two_actors_receive_each_version_bit_exact_and_refuse_a_bad_checksum():
                 assert torch.equal(tensors[name], t), name
         # A payload that does not match the announced checksum is refused.
         ann2 = sender.publish(2, named_weights(2))
-        bad = type(ann2)(**{**ann2.__dict__, "digest": "sum64:0"})
+        bad = msgspec.structs.replace(ann2, digest="sum64:0")
         for q in queues:
             q.put(bad)
         got = [results.get(timeout=60) for _ in range(actors)]

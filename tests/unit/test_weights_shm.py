@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from dataclasses import replace
 
 import pytest
 import torch
+from msgspec.structs import replace
 
 from distrl.weights import WeightError
 from distrl.weights.shm import SharedMemoryLoader, SharedMemoryPublisher, map_slot, stamped_version

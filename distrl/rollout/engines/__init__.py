@@ -1,4 +1,5 @@
-"""Generation engines behind one interface (:class:`Engine`): vLLM (:mod:`.vllm`) and transformers (:mod:`.hf`).
+"""Generation engines behind one interface (:class:`Engine`): vLLM (:mod:`.vllm`) and transformers
+(:mod:`.hf`, a subpackage).
 
 Importing this package is cheap: a backend imports vLLM or transformers only when it is built.
 :func:`make_engine` lives here, above the backends, so that ``base`` imports none of them (no import cycle).

@@ -7,8 +7,9 @@ probabilities of the sampled tokens under ``softmax(logits / temperature)`` (vLL
 temperature. ``load_weights`` switches to a newer version between generate calls, so every completion
 of one call comes from one version.
 
-Backends, one file each: :mod:`.vllm` (vLLM's offline ``LLM``) and :mod:`.hf` (transformers, for
-machines without vLLM). :func:`distrl.rollout.engines.make_engine` picks one from ``--engine``.
+Backends: :mod:`.vllm` (one module: vLLM's offline ``LLM``) and :mod:`.hf` (a subpackage: transformers, for
+machines without vLLM, with its own samplers and CUDA kernels); :mod:`.merge` (weights on disk, a LoRA adapter
+merged into base weights) serves both. :func:`distrl.rollout.engines.make_engine` picks one from ``--engine``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The slot state of :class:`distrl.rollout.engines.hf_continuous.ContinuousSampler`: its static buffers, its KV cache
+"""The slot state of :class:`distrl.rollout.engines.hf.continuous.ContinuousSampler`: its static buffers, its KV cache
 (one :class:`SlotLayer` per decoder layer, each slot written at its own position), the host's snapshots, the rows
 it hands back (:class:`Finished`), and :func:`move_rows`, which moves running rows into lower slots (the tail's
 smaller step, of one of :func:`buckets`)."""
@@ -36,7 +36,7 @@ class Finished:
 
 class SlotLayer(CacheLayerMixin):
     """One layer's K/V, stored (B, L, Hkv, D) (a slot's positions are contiguous rows, as FlashAttention's
-    variable-length kernel reads them: :func:`distrl.rollout.engines.hf_kernels.slot_attention`) and handed to attention
+    variable-length kernel reads them: :func:`distrl.rollout.engines.hf.kernels.slot_attention`) and handed to attention
     as (B, Hkv, L, D) views. Decode writes each slot at its own position ``owner.pos``; a prefill writes rows
     ``owner.prefill_slots`` at positions 0..Q-1 and attends to its own K/V only."""
 
@@ -61,7 +61,7 @@ class SlotLayer(CacheLayerMixin):
         rows = self.owner.prefill_slots
         if rows is None:  # decode: key_states (n, Hkv, 1, D) for the first n slots, each at its own position
             # index_put_ writes n x Hkv x D elements in place; under torch.compile a scatter_ here copied the
-            # whole cache twice a step (3.7 of 10.3 ms a step at 1024 rows on an H200)
+            # whole cache twice a step
             n = key_states.shape[0]
             where = (torch.arange(n, device=key_states.device), self.owner.pos[:n])
             self.keys.index_put_(where, key_states[:, :, 0])  # (n, Hkv, D) at (slot, its position)
@@ -97,7 +97,7 @@ class SlotState:
     done: torch.Tensor  # (B,) bool (a free slot is done)
     budget: torch.Tensor  # (B,) long
     temperature: torch.Tensor  # () fp32, 0 when greedy
-    seed: torch.Tensor  # (1,) long: the decode step's Philox seed (hf_kernels.sample_rows), advanced every step
+    seed: torch.Tensor  # (1,) long: the decode step's Philox seed (kernels.sample_rows), advanced every step
     prefill_slots: torch.Tensor | None = None  # set while admitted rows are prefilled
     cache: Cache | None = None
     graphs: dict = field(default_factory=dict)  # slots decoded -> torch.cuda.CUDAGraph (greedy and sampled)
@@ -107,10 +107,48 @@ class SlotState:
     def __post_init__(self):
         self.index = torch.arange(self.tok.shape[0], device=self.tok.device)
 
+    @classmethod
+    def empty(cls, model, b: int, length: int, s: int, seed_from: torch.Generator | None) -> "SlotState":
+        """B free slots of ``length`` cache positions and S + 1 output columns for ``model``, with a
+        :class:`SlotLayer` per decoder layer. ``seed_from``: the generator the decode kernels' Philox seed is drawn
+        from (None: no kernels, and nothing drawn, so the portable path's random stream stays as it was)."""
+        dev = model.device
+        long = dict(dtype=torch.long, device=dev)
+        seed = torch.zeros(1, **long) if seed_from is None else torch.randint(0, 2**39, (1,), generator=seed_from,
+                                                                               device=dev)
+        st = cls(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
+                 pos=torch.zeros(b, **long), tokens=torch.zeros((b, s + 1), **long),
+                 logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
+                 stopped=torch.zeros(b, dtype=torch.bool, device=dev),
+                 done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
+                 temperature=torch.ones((), dtype=torch.float32, device=dev), seed=seed)
+        st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
+        return st
+
+    def snapshot(self, k: int) -> "Snapshot":
+        """Interval ``k``'s done/lengths/stopped/tokens/logps as the host will read them.
+
+        On CUDA: copied behind the queued steps into the state's two pinned buffer sets, used in turn (a
+        snapshot is read before the next but one is taken). On CPU, where nothing is queued, only ``done`` is
+        copied: the other outputs of a slot that ``done`` shows ended stay as they are until the slot is
+        refilled, and the sampler's hand-back never reads a slot refilled after its snapshot."""
+        names = ("done", "lengths", "stopped", "tokens", "logps")
+        if self.tok.device.type != "cuda":
+            return Snapshot(k, self.done.clone(), *(getattr(self, n) for n in names[1:]))
+        if self.host is None:
+            self.host = [[torch.empty_like(getattr(self, n), device="cpu").pin_memory() for n in names]
+                         for _ in range(2)]
+        host = self.host[k % 2]
+        for dst, n in zip(host, names):
+            dst.copy_(getattr(self, n), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return Snapshot(k, *host, event)
+
     def mark_dynamic(self) -> None:
         """Make slots (dim 0), cache positions and output columns (dim 1, the K/V's too) symbolic sizes for
         torch.compile, so every state and tail bucket shares one compilation
-        (``distrl.rollout.engines.hf_fast.compiled_step``). Call after the first prefill (the K/V exist then)."""
+        (``distrl.rollout.engines.hf.decode.compiled_step``). Call after the first prefill (the K/V exist then)."""
         for name in ROW_BUFFERS + ("index",):
             buf = getattr(self, name)
             torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
@@ -121,7 +159,7 @@ class SlotState:
 
 @dataclass
 class Snapshot:
-    """The host's copy of the slots' outputs after interval ``interval`` (see ``ContinuousSampler._snapshot``);
+    """The host's copy of the slots' outputs after interval ``interval`` (:meth:`SlotState.snapshot`);
     ``event`` marks the copy's end on CUDA (None on CPU, where the copy is done)."""
 
     interval: int

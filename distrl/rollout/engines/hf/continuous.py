@@ -7,8 +7,8 @@ rounded up to ``PAD_MULTIPLE``). A prompt placed in slot b fills positions 0..P-
 token positions are its cache positions: no padding inside a row) and its t-th new token goes to
 position P + t - 1. A (B, L) bool ``valid`` marks the positions holding the slot's current row (always
 0 .. its position); attention reads every position and masks the others
-(:func:`distrl.rollout.engines.hf_fast.grouped_attention`), or, on CUDA with the decode kernels
-(:mod:`distrl.rollout.engines.hf_kernels`), reads only the slot's own positions.
+(:func:`distrl.rollout.engines.hf.decode.grouped_attention`), or, on CUDA with the decode kernels
+(:mod:`distrl.rollout.engines.hf.kernels`), reads only the slot's own positions.
 
 Loop (:meth:`ContinuousSampler.run`):
 
@@ -21,15 +21,14 @@ Loop (:meth:`ContinuousSampler.run`):
    slots and budgets reach the GPU in one pinned, non-blocking copy: the host queues the admission behind
    the queued steps without waiting for them.
 2. Decode: one step for all B slots, as the fast path's (fp32 head, argmax or the exponential race over
-   ``logits / T`` and the logprob under ``softmax(logits / T)``: :func:`.hf_fast.pick`, or the
-   same in one pass with Gumbel noise where the kernels run: :func:`.hf_kernels.sample_rows`), each
+   ``logits / T`` and the logprob under ``softmax(logits / T)``: :func:`.decode.pick`, or the
+   same in one pass with Gumbel noise where the kernels run: :func:`.kernels.sample_rows`), each
    token and logprob recorded at its row's own column (the row's length so far). Free slots decode padding,
    masked out of every output. Every write of the step (K/V at each slot's position, token, logprob) is an
    ``index_put_``, which torch.compile keeps in place (a ``scatter_`` into the cache made inductor copy the
-   whole cache). (flex_attention over each slot's own K/V blocks was measured instead: 2.6x slower a step
-   on an H200, BENCHMARKS.md, 2026-12-02.)
+   whole cache).
    On CUDA the step is captured once in a graph (and optionally compiled, once for every slot count), as in
-   :mod:`distrl.rollout.engines.hf_fast`; admitting rows copies into the same buffers, so the graph stays valid.
+   :mod:`distrl.rollout.engines.hf.static`; admitting rows copies into the same buffers, so the graph stays valid.
 3. Every ``interval`` tokens (counted from the call's start, as the engine's loop counts them): a snapshot
    of the slots' outputs is copied to the host (non-blocking, an event behind it); the rows it shows ended
    are handed back (yielded) and their slots freed; then ``between_steps`` runs (an in-flight load) and
@@ -39,7 +38,7 @@ Loop (:meth:`ContinuousSampler.run`):
    Look-ahead: unless ``between_steps`` is given, the snapshot of an interval is read only after the next
    interval's steps are queued, so the host's work of a hand-back (and the caller's: the actor scores and
    PUTs the groups it yields) and of the admission's eager prefill runs while the GPU decodes, instead of
-   between the GPU's steps (on an H200, about 25 ms an admission against 8 ms a step). A row ended
+   between the GPU's steps (an admission takes a few steps' time). A row ended
    in interval i is then handed back after interval i + 1 (its slot decodes padding meanwhile, masked as
    every ended row's). A slot's snapshot counts only from the interval its current row was admitted in.
    An interval at whose end every running row has reached its budget is read at once (no interval of
@@ -51,10 +50,10 @@ Loop (:meth:`ContinuousSampler.run`):
 4. The tail: once no row waits (and not static), the step decodes only the smallest of :func:`buckets`
    (B, B/4, B/16, ... down to ``MIN_BUCKET``) that holds the rows still running; rows in slots at or past it
    move below it first (their K/V in every layer and their per-slot buffers, copied on the device). A call's
-   last rows then no longer pay for B slots a step: a schedule of 2,048 rows in 256 slots (BENCHMARKS.md) spends
-   808 of its 2,512 steps with fewer than 64 rows running. Each bucket is one more captured graph, all made at
+   last rows then no longer pay for B slots a step (with completion lengths that vary, a large share of a
+   call's steps run with a few rows left). Each bucket is one more captured graph, all made at
    the end of a state's first call (``_capture_buckets``); the compiled step is shared (its slot count is a
-   symbolic size: :func:`distrl.rollout.engines.hf_fast.compiled_step`).
+   symbolic size: :func:`distrl.rollout.engines.hf.decode.compiled_step`).
 
 Exactness: a row's tokens and logprobs depend only on its prompt and the weights (masked positions
 weigh exactly 0), so greedy rows equal the engine's own loop's (``tests/integration/test_continuous.py``:
@@ -69,24 +68,23 @@ from collections import deque
 from typing import Callable, Iterator
 
 import torch
-from transformers.cache_utils import Cache
 
-from distrl.rollout.engines.hf_fast import (
+from distrl.rollout.engines.hf.decode import (
     ATTENTION,
     PAD_MULTIPLE,
-    _round_up,
     compiled_step,
     grouped_attention,
     grouped_attention_mode,
     has_mm_out_dtype,
     head_logits,
     pick,
+    round_up,
     step_graph,
     supports_static,
 )
-from distrl.rollout.engines.hf_kernels import ATTENTION_IMPLS, sample_rows
-from distrl.rollout.engines.hf_kernels import available as kernels_available
-from distrl.rollout.engines.hf_slots import Finished, SlotLayer, SlotState, Snapshot, buckets, copy_prefix, move_rows
+from distrl.rollout.engines.hf.kernels import ATTENTION_IMPLS, sample_rows
+from distrl.rollout.engines.hf.kernels import available as kernels_available
+from distrl.rollout.engines.hf.slots import Finished, SlotState, Snapshot, buckets, copy_prefix, move_rows
 
 STATES = 2  # slot states kept at once (ContinuousSampler._prepare)
 PREFILL_ATTENTION = ("causal", "masked")  # ContinuousSampler's prefill_attention
@@ -95,15 +93,15 @@ PREFILL_ATTENTION = ("causal", "masked")  # ContinuousSampler's prefill_attentio
 class ContinuousSampler:
     """Samples rows in ``slots`` slots, refilled as rows end (see the module docstring).
 
-    Args: as :class:`distrl.rollout.engines.hf_fast.StaticSampler` (model_fn, pad_id, stop_ids, generator,
+    Args: as :class:`distrl.rollout.engines.hf.static.StaticSampler` (model_fn, pad_id, stop_ids, generator,
     cuda_graphs, interval, compile_step, compile_dynamic), and ``kernels``: the decode step's CUDA kernels
-    (:mod:`.hf_kernels`: attention over each slot's own positions, the pick in one pass over
-    the logits); None (default) uses them where :func:`.hf_kernels.available`. The step's noise then
+    (:mod:`.kernels`: attention over each slot's own positions, the pick in one pass over
+    the logits); None (default) uses them where :func:`.kernels.available`. The step's noise then
     comes from Philox seeded from ``generator`` once per state, not from ``generator`` every step.
-    ``decode_attention``: the kernels' attention, ``triton`` (the default: split-K, 1.27x FlashAttention's
-    decode step at 1024 rows on an H200) or ``flash`` (:func:`distrl.rollout.engines.hf_kernels.slot_attention`).
+    ``decode_attention``: the kernels' attention (:func:`.kernels.slot_attention`), ``triton`` (the default:
+    split-K) or ``flash``.
     ``prefill_attention``: ``causal`` (default: torch's SDPA with ``is_causal``, FlashAttention on CUDA, no (k, H, Q, Q)
-    scores held) or ``masked`` (:func:`.hf_fast.grouped_attention` with a (k, 1, Q, Q) bool mask: the
+    scores held) or ``masked`` (:func:`.decode.grouped_attention` with a (k, 1, Q, Q) bool mask: the
     reference ``bench.variable_length`` compares with). ``lookahead``: read each interval's snapshot after the next
     interval's steps are queued (step 3 of the module docstring; default); False: read it at once (the reference).
     Raises ValueError for cuda_graphs off CUDA, ``kernels`` where they are not available, an unknown attention, or a
@@ -163,8 +161,8 @@ class ContinuousSampler:
         """
         model = self.model_fn()
         b = min(slots or len(rows), len(rows))
-        st = self._prepare(model, b, _round_up(max(map(len, rows)), PAD_MULTIPLE) +
-                           _round_up(max(budget), PAD_MULTIPLE), _round_up(max(budget), PAD_MULTIPLE))
+        st = self._prepare(model, b, round_up(max(map(len, rows)), PAD_MULTIPLE) +
+                           round_up(max(budget), PAD_MULTIPLE), round_up(max(budget), PAD_MULTIPLE))
         st.temperature.fill_(temperature)
         waiting, owner, started = deque(range(len(rows))), [-1] * b, [0] * len(rows)
         admitted = [0] * b  # the interval each slot's current row was admitted in
@@ -190,7 +188,7 @@ class ContinuousSampler:
                     t += 1
                     if t % self.interval == 0:
                         break
-            snaps = [pending, self._snapshot(st, k)]
+            snaps = [pending, st.snapshot(k)]
             ahead = self.lookahead and between_steps is None and not static and (
                 waiting or max(ends[s] for s, o in enumerate(owner) if o >= 0) > t)  # a row may still run
             pending = snaps.pop() if ahead else None
@@ -215,7 +213,7 @@ class ContinuousSampler:
 
     def _shrink(self, st: SlotState, owner: list[int], admitted: list[int], ends: list[int], n: int) -> int:
         """With no row waiting: the smallest bucket (:meth:`_shrink_target`) that holds the running rows, which
-        move to free slots below it (:func:`distrl.rollout.engines.hf_slots.move_rows`); the step then decodes only
+        move to free slots below it (:func:`distrl.rollout.engines.hf.slots.move_rows`); the step then decodes only
         those slots (a graph per bucket). The running rows' tokens and logprobs are unchanged: a row depends only
         on its own prompt, positions and K/V, all moved with it."""
         target = self._shrink_target(owner)
@@ -238,25 +236,6 @@ class ContinuousSampler:
             for n in buckets(st.tok.shape[0]):
                 if n not in st.graphs:
                     self._step(model, st, n)
-
-    def _snapshot(self, st: SlotState, k: int) -> "Snapshot":
-        """Interval ``k``'s done/lengths/stopped/tokens/logps as the host will read them.
-
-        On CUDA: copied behind the queued steps into the state's two pinned buffer sets, used in turn (a
-        snapshot is read before the next but one is taken). On CPU, where nothing is queued, only ``done`` is
-        copied: the other outputs of a slot that ``done`` shows ended stay as they are until the slot is
-        refilled, and ``_hand_back`` never reads a slot refilled after its snapshot."""
-        names = ("done", "lengths", "stopped", "tokens", "logps")
-        if st.tok.device.type != "cuda":
-            return Snapshot(k, st.done.clone(), *(getattr(st, n) for n in names[1:]))
-        if st.host is None:
-            st.host = [[torch.empty_like(getattr(st, n), device="cpu").pin_memory() for n in names] for _ in range(2)]
-        host = st.host[k % 2]
-        for dst, n in zip(host, names):
-            dst.copy_(getattr(st, n), non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return Snapshot(k, *host, event)
 
     def _hand_back(self, snap: "Snapshot", owner: list[int], started: list[int], admitted: list[int],
                    version: int) -> list[Finished]:
@@ -297,17 +276,7 @@ class ContinuousSampler:
             del st
         while len(self._states) >= STATES:
             self._states.pop(next(iter(self._states)))
-        dev = model.device
-        long = dict(dtype=torch.long, device=dev)
-        st = SlotState(valid=torch.zeros((b, length), dtype=torch.bool, device=dev), tok=torch.zeros(b, **long),
-                    pos=torch.zeros(b, **long), tokens=torch.zeros((b, s + 1), **long),
-                    logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
-                    stopped=torch.zeros(b, dtype=torch.bool, device=dev),
-                    done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
-                    temperature=torch.ones((), dtype=torch.float32, device=dev),
-                    seed=(torch.randint(0, 2**39, (1,), generator=self.generator, device=dev) if self.kernels
-                          else torch.zeros(1, **long)))  # drawn only where used: the CPU path's stream stays
-        st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
+        st = SlotState.empty(model, b, length, s, self.generator if self.kernels else None)
         self._states[b] = st
         self.states_made += 1
         return st
@@ -315,7 +284,7 @@ class ContinuousSampler:
     def _admit(self, model, st: SlotState, slots: list[int], rows: list[list[int]], budget: list[int]) -> None:
         """Prefill ``rows`` into ``slots`` (right-padded, causal) and record each row's first token. Rows of the
         same prompt (a group's) are prefilled once: the others' K/V are copied from its slot
-        (:func:`distrl.rollout.engines.hf_slots.copy_prefix`) and their first tokens drawn from its logits."""
+        (:func:`distrl.rollout.engines.hf.slots.copy_prefix`) and their first tokens drawn from its logits."""
         dev = st.tok.device
         k, q = len(rows), max(map(len, rows))
         first: dict[tuple, int] = {}  # prompt -> the row that prefills it

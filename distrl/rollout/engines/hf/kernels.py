@@ -1,14 +1,14 @@
 """CUDA kernels of the continuous sampler's decode step: attention that reads only each
 slot's own positions, and the token pick in one pass over the logits.
 
-On an H200 (Qwen2.5-0.5B, 1024 slots, 320 positions; BENCHMARKS.md, fifth round) the masked attention over every
-position of every slot (:func:`distrl.rollout.engines.hf_fast.grouped_attention`) took about 2.2 of a step's 7 ms, and
-the pick (:func:`distrl.rollout.engines.hf_fast.pick`: an Exp(1) draw written over the (B, V) fp32 logits, then an
-argmax pass and a logsumexp pass) about 1.6 ms, where reading the logits once takes 0.15 ms.
+Why: the portable step's masked attention (:func:`distrl.rollout.engines.hf.decode.grouped_attention`) reads every
+position of every slot, however short the slot's row, and its pick (:func:`distrl.rollout.engines.hf.decode.pick`:
+an Exp(1) draw written over the (B, V) fp32 logits, then an argmax pass and a logsumexp pass) reads the logits
+several times; at many slots these two were a large share of a step (timings: BENCHMARKS.md).
 
 - :func:`slot_attention`: slot b attends to its positions 0 .. lengths[b] - 1 only. By default a split-K Triton
   kernel (:func:`decode_attention`: several programs per (slot, K/V head), each over a share of the positions,
-  then a pass that combines them; 1.27x FlashAttention's step at 1024 slots, BENCHMARKS.md seventh round), for
+  then a pass that combines them), for
   head sizes that are a power of 2 of at least 16; else, or with ``impl="flash"``, FlashAttention's
   variable-length kernel as torch ships it (``aten._flash_attention_forward`` with ``seqused_k``, each K/V head's
   G query heads as G query rows). The slots' K/V live in one (B, L, Hkv, D) buffer, so slot b's keys are rows
@@ -55,9 +55,8 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                    scale: float, impl: str = "triton") -> torch.Tensor:
     """Decode attention of n slots, each over its own first ``lengths[b]`` positions: the split-K Triton kernel
     (``impl="triton"``, :func:`decode_attention`, for head sizes :func:`triton_head_dim` takes; FlashAttention
-    for the others) or FlashAttention varlen (``"flash"``). On an H200
-    (2026-12-03, the 0.5B architecture, 1024 rows, mean context 192) the decode step ran 1.27x faster with the
-    Triton kernel: FlashAttention runs one 128-row tile per (slot, head) and is bound by each block's latency.
+    for the others) or FlashAttention varlen (``"flash"``). The Triton kernel is the default: FlashAttention runs one
+    128-row tile per (slot, head) and is bound by each block's latency, which splitting the positions hides.
 
     Args:
         query: (n, H, 1, D), the step's one query per slot.
@@ -81,8 +80,7 @@ def slot_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     k = key.transpose(1, 2).reshape(n * length, hkv, d)  # the buffer's own layout: a view
     v = value.transpose(1, 2).reshape(n * length, hkv, d)
     # a group's G query heads become G query rows of one K/V head (FlashAttention's own GQA decode trick): each
-    # (slot, K/V head) block reads its K/V once, not once per query head (on an H200 the kernel took 115 us a layer
-    # at 1024 slots either way: bound by each block's latency, BENCHMARKS.md sixth round)
+    # (slot, K/V head) block reads its K/V once, not once per query head
     q = query[:, :, 0].reshape(n, hkv, g, d).transpose(1, 2).reshape(n * g, hkv, d)
     slots = torch.arange(n + 1, dtype=torch.int32, device=query.device)
     # the op under torch.nn.attention.varlen.varlen_attn, whose torch 2.11 signature lacks seqused_k
@@ -286,7 +284,7 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor,
         seed: (1,) int64 on the same device, 0 <= seed < 2**39: the step's Philox seed; calls with the same seed
             and rows draw the same noise, so the caller advances it every step (inside a CUDA graph too).
     Returns:
-        tokens (B,) long and logprobs (B,) fp32, as :func:`distrl.rollout.engines.hf_fast.pick` returns them.
+        tokens (B,) long and logprobs (B,) fp32, as :func:`distrl.rollout.engines.hf.decode.pick` returns them.
     Raises:
         RuntimeError: without triton (:func:`available`).
     """
@@ -301,9 +299,8 @@ def launch_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     """The kernels of :func:`decode_attention` with their launch settings (``bench/decode_kernels.py`` sweeps
     them): ``query`` (n, H, D), ``out`` the same shape, written; ``block_n`` positions a block reads at a time,
     ``warps`` and ``stages`` (software pipelining; None: triton's default) of the split kernel,
-    ``programs_per_sm`` the split target of :func:`decode_splits`. The defaults are the sweep's fastest on an H200
-    (2026-12-03, 1024 slots of the 0.5B architecture): 33.6 us a layer at context 192 (3.0 TB/s; 4 warps took
-    54.0 us), 72.0 at 512 (3.7 TB/s), 136.2 at 1024 (3.9 TB/s)."""
+    ``programs_per_sm`` the split target of :func:`decode_splits`. The defaults are the sweep's fastest (its
+    figures: BENCHMARKS.md)."""
     n, heads, d = query.shape
     hkv, length = key.shape[1], key.shape[2]
     if n == 0:
@@ -331,7 +328,7 @@ def launch_sample_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: to
     """The kernel of :func:`sample_rows` with its launch settings (``bench/decode_kernels.py`` sweeps them):
     writes ``tok`` (B,) long and ``logp`` (B,) fp32; ``logits`` (B, V) with contiguous rows; ``block`` lanes of a
     program (each takes 4 * ``block`` columns an iteration), ``warps`` its warps. The defaults are the sweep's
-    fastest on an H200 (2026-12-03): 568 us for 1024 x 151,936 logits, 1.06x the 1024 lanes and 8 warps before."""
+    fastest (its figures: BENCHMARKS.md)."""
     if logits.shape[0]:
         _sample_kernel[(logits.shape[0],)](logits, logits.stride(0), logits.shape[1], temperature, seed, tok, logp,
                                            BLOCK=block, SHIFT=ROW_SEED_SHIFT, num_warps=warps)

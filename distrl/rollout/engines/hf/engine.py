@@ -1,7 +1,7 @@
 """The transformers engine (``--engine hf``): batched sampling with a KV cache, for machines without vLLM.
 
 Batching (``batching``): ``continuous`` (the default) keeps ``max_num_seqs`` rows decoding and gives a
-row's slot to a waiting row as soon as it ends (:mod:`distrl.rollout.engines.hf_continuous`); ``static`` runs
+row's slot to a waiting row as soon as it ends (:mod:`distrl.rollout.engines.hf.continuous`); ``static`` runs
 batches of ``max_num_seqs`` rows, each to its longest row. Either way :meth:`HFEngine.generate_groups`
 yields each group when its last completion ends (the actor scores and PUTs it then).
 
@@ -21,7 +21,7 @@ Weights by version:
 - ``merge_lora``: the adapter is merged into the base checkpoint's weights
   (:func:`distrl.rollout.engines.merge.merged_weights`) and copied in place like full weights.
 
-Fast path (``fast``, on by default on CUDA): :class:`distrl.rollout.engines.hf_fast.StaticSampler` samples the
+Fast path (``fast``, on by default on CUDA): :class:`distrl.rollout.engines.hf.static.StaticSampler` samples the
 same way over a static KV cache with the decode step captured once in a CUDA graph (same tokens and
 logprobs; see that module); continuous batching captures its own step the same way. Loads that change
 modules rather than values (the first adapter, another adapter shape, unloading it) drop the graphs,
@@ -38,8 +38,9 @@ import torch.nn.functional as F
 
 from distrl.core.dtypes import resolve_dtype
 from distrl.rollout.engines.base import Completion, Engine, PromptResult, encode_prompt
-from distrl.rollout.engines.hf_continuous import ContinuousSampler, Finished
-from distrl.rollout.engines.hf_fast import StaticSampler, supports_static
+from distrl.rollout.engines.hf.continuous import ContinuousSampler, Finished
+from distrl.rollout.engines.hf.decode import supports_static
+from distrl.rollout.engines.hf.static import StaticSampler
 from distrl.rollout.engines.merge import (
     checkpoint_shapes,
     iter_safetensors,
@@ -63,11 +64,10 @@ class HFEngine(Engine):
         available, else ``cpu``. fast: sample with the static-cache fast path (CUDA graphs on CUDA,
         eager elsewhere); default: on when the device is CUDA and the model has no sliding-window layers.
         fast_compile: run the fast path's decode step through ``torch.compile`` before capturing it
-        (fuses its elementwise kernels: 1.63x -> 2.77x plain ``generate`` on an H200, see
-        docs/generate_fast.md; costs about 45 s of compiling for a 0.5B model, once: sizes are symbolic,
-        so later shapes only capture a graph); default: on with the fast path on CUDA (static and continuous
-        batching alike).
-        batching: ``continuous`` (rows refilled as they end, :mod:`distrl.rollout.engines.hf_continuous`; a model
+        (fuses its elementwise kernels, docs/generate_fast.md; costs tens of seconds of compiling, once: sizes
+        are symbolic, so later shapes only capture a graph); default: on with the fast path on CUDA (static and
+        continuous batching alike).
+        batching: ``continuous`` (rows refilled as they end, :mod:`distrl.rollout.engines.hf.continuous`; a model
         with sliding-window layers is batched statically) or ``static`` (batches of ``max_num_seqs``
         rows, each run to its longest row, through the fast path or the engine's own loop).
         max_num_seqs: most rows (completions) decoded at once; default: all rows of a call.
@@ -109,7 +109,7 @@ class HFEngine(Engine):
                 max_num_seqs: int | None = None) -> "HFEngine":
         """An engine that samples with an existing ``model`` object (e.g. the learner's, LoRA-wrapped or
         not): no copy, so it always serves the model's current weights; its ``version`` stays 0 (the model's
-        owner holds the policy version: distrl.rollout.colocated reads the learner's).
+        owner holds the policy version: distrl.rollout.learner_generates reads the learner's).
         Never call ``load_weights`` on it (the owner changes the weights). ``tokenizer``: a tokenizer.
         On CUDA it samples through the fast path (captured graphs stay valid: optimizers update the
         weights in place) unless the model is PEFT-wrapped (its adapters may be swapped).

@@ -5,7 +5,7 @@ yet PUT are its ``owed``; they return to the pool (``GroupStore.refund_credits``
 says LEAVE, or when it has been silent for ``credit_timeout_s`` (killed, node lost; logged). Over the
 changing set the store counts groups accepted beyond AReaL's rule (``credit_violations``).
 
-:class:`Clients` is plain bookkeeping around the store, no sockets: :class:`distrl.buffer.handlers.Handlers`
+:class:`ClientLedger` is plain bookkeeping around the store, no sockets: :class:`distrl.buffer.handlers.Handlers`
 answers CREDIT, JOIN and LEAVE with it, and :class:`distrl.buffer.server.BufferServer` tells it who spoke.
 """
 
@@ -23,7 +23,7 @@ MAX_CLIENTS_TRACKED = 4096  # senders remembered for liveness (a bound against m
 CREDIT_TIMEOUT_S = 60.0  # an actor silent this long with unused credits is lost: they return (--credit_timeout_s)
 
 
-class Clients:
+class ClientLedger:
     """Who talks to the buffer: when each sender last spoke, the credits granted to it and not yet PUT
     (``owed``), the actor ids JOIN handed out, and how many left or were lost (``departures``).
 

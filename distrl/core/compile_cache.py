@@ -1,0 +1,50 @@
+"""Compiled code kept across runs: torch inductor's FX-graph and kernel caches, Triton's kernels and vLLM's
+compile cache live under distrl's cache directory (``<cache dir>/compile/``, :func:`distrl.core.probe.cache_dir`:
+``$DISTRL_CACHE_DIR``, else ``$XDG_CACHE_HOME/distrl``, else ``~/.cache/distrl``), not in ``/tmp``, so the first run
+of a model and its flags pays the compilation and later runs load it.
+
+Reuse is safe by construction of those caches, not by a key of ours: inductor keys each compiled graph by the
+traced graph itself (operators, shapes or their symbols, dtypes, devices), the inductor config and the torch
+version; the weights are inputs of the graph, not part of it. A changed model architecture or a flag that changes
+what is traced (``--learner_pack_tokens``, ``--kl_coef``, LoRA) is a different graph and compiles afresh; a
+different checkpoint of the same architecture reuses the compiled code, which is correct for any weights. vLLM
+keys its cache by the model config, the compilation config and its own version, and its startup plan (the KV
+cache size it profiled, ``VLLM_ENABLE_STARTUP_PLAN``, on unless set) also by the device and its free memory.
+
+A variable the user already set (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``) wins.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from distrl.core.probe import cache_dir
+
+# environment variable -> sub-directory of <cache dir>/compile
+CACHE_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
+
+
+def use_compile_caches(root: str | Path | None = None) -> dict[str, str]:
+    """Point this process's (and its children's) compile caches under ``root`` (default
+    ``<cache dir>/compile``) unless the variable is already set; returns the variables in effect.
+    Call before the first compilation (the caches read their variable when they first write)."""
+    base = Path(root) if root is not None else cache_dir() / "compile"
+    for name, sub in CACHE_VARIABLES.items():
+        os.environ.setdefault(name, str(base / sub))
+    os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")  # vLLM keeps its memory profile with its compile cache
+    return {name: os.environ[name] for name in CACHE_VARIABLES}
+
+
+def compile_counters() -> dict[str, int]:
+    """This process's torch.compile counters so far: ``fxgraph_cache_hit`` and ``fxgraph_cache_miss`` (inductor
+    graphs loaded from the cache / compiled), ``frames_compiled`` (Dynamo frames traced, recompiles included);
+    {} when torch was never imported (nothing compiled)."""
+    if "torch" not in sys.modules:
+        return {}
+    from torch._dynamo.utils import counters
+
+    return {"fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+            "frames_compiled": int(counters["stats"]["unique_graphs"])}
