@@ -233,6 +233,7 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
     """Median step time of one learner configuration on ``table``; profiles ``--profile_variant``."""
     import torch
 
+    from distrl.cmd.assemble import learner_sections
     from distrl.cmd.config import TrainConfig
     from distrl.learn.learner import Learner
 
@@ -244,7 +245,7 @@ def learner_variant(args, model_dir, out, table, seq_lens, lens, name, pack_toke
                       learning_rate=1e-6, learner_pack_tokens=pack_tokens, gradient_checkpointing=ckpt,
                       learner_compile=compiled, learner_head=head, max_new_tokens=args.max_new_tokens,
                       batch_size=groups, group_size=group, **sizes)
-    lrn = Learner(cfg, 0, 1, "tcp://127.0.0.1:9", str(model_dir))
+    lrn = Learner(*learner_sections(cfg), 0, 1, "tcp://127.0.0.1:9", str(model_dir))
     flops = model_flops(lrn.model.config, seq_lens, sum(lens))
     if "+unsorted" in name:  # the learner before widest-first micro-batches: rows in table order
         import numpy as np

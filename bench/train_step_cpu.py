@@ -78,6 +78,7 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.torch_threads)
     try:  # this tree's module paths
+        from distrl.cmd.assemble import learner_sections
         from distrl.cmd.config import TrainConfig
         from distrl.core.rows import table_from_rows
         from distrl.learn import learner as learner_module
@@ -90,7 +91,8 @@ def worker(args: argparse.Namespace) -> None:
     cfg = TrainConfig(model=args.model, task="arith", backend="hf", dtype="float32", finetune="full",
                       learning_rate=4e-4, batch_size=GROUPS, group_size=GROUP_SIZE, learner_chunk_size=256,
                       max_new_tokens=MAX_NEW_TOKENS, max_steps=10_000, torch_threads=args.torch_threads)
-    learner = learner_module.Learner(cfg, 0, 1, "tcp://127.0.0.1:9", args.model)  # the buffer is never contacted
+    learner = learner_module.Learner(*learner_sections(cfg), 0, 1, "tcp://127.0.0.1:9",  # never contacted
+                                     args.model)
     table = table_from_rows(demo_rows())
     batch_module = learner_module.__name__.rsplit(".", 1)[0] + ".batch"
     if importlib.util.find_spec(batch_module) is None:  # 944c626: Python rows, then one tensor per row

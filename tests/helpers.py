@@ -70,10 +70,12 @@ def new_buffer(run_dir, address: str = "tcp://127.0.0.1:0", *, resume: bool = Fa
     """A BufferServer from ``distrl.buffer.assemble.build_buffer`` (not serving yet), with `distrl buffer`'s
     config of ``options`` over BUFFER_TEST_OPTIONS (no heap prefault)."""
     from distrl.buffer.assemble import build_buffer
+    from distrl.cmd.assemble import buffer_sections
     from distrl.cmd.config import BufferConfig
 
     cfg = BufferConfig(run_dir=str(run_dir), address=address, **(BUFFER_TEST_OPTIONS | options))
-    return build_buffer(cfg, run_dir, resume=resume, resume_version=resume_version, replay_from=replay_from,
+    return build_buffer(*buffer_sections(cfg), run_dir, endpoint=cfg.endpoint, resume=resume,
+                        resume_version=resume_version, replay_from=replay_from,
                         restamp=restamp, replica=replica)
 
 

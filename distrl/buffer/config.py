@@ -113,11 +113,10 @@ class StorageOptions:
             raise ValueError(f"--prefault_bytes must be >= 0, got {self.prefault_bytes}")
 
 
-def buffer_options(cfg) -> dict:
-    """The SelectionOptions and StorageOptions fields of ``cfg``, by name (what ``build_buffer`` reads of them)."""
-    names = [f.name for cls in (SelectionOptions, StorageOptions) if isinstance(cfg, cls)
-             for f in dataclasses.fields(cls)]
-    return {name: getattr(cfg, name) for name in names}
+def buffer_options(*sections) -> dict:
+    """The fields of the SelectionOptions and StorageOptions among ``sections``, by name (what the buffer reads)."""
+    return {f.name: getattr(section, f.name) for section in sections
+            if isinstance(section, (SelectionOptions, StorageOptions)) for f in dataclasses.fields(section)}
 
 
 @dataclass

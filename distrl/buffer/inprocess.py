@@ -18,6 +18,7 @@ from pathlib import Path
 
 from distrl.buffer.assemble import make_store
 from distrl.buffer.client_ledger import CREDIT_TIMEOUT_S, ClientLedger
+from distrl.buffer.config import SelectionOptions, StorageOptions, TopkOptions
 from distrl.buffer.handlers import SENDER, Handlers
 from distrl.buffer.segments import ConsumptionLog, SegmentLog
 from distrl.buffer.store import GroupStore
@@ -25,6 +26,7 @@ from distrl.core import wire
 from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
 from distrl.core.rows import decode_group
+from distrl.core.run_options import BatchOptions, StalenessOptions
 from distrl.core.wire import Header, MsgType
 
 ADDRESS = "in-process"  # what errors name as the buffer's address
@@ -115,13 +117,15 @@ class InProcessClient(BufferApi):
         return self._reply(msg_type, *self._decode_reply(reply))
 
 
-def open_buffer(cfg, run_dir: str | os.PathLike, tb_dir: str | os.PathLike | None = None) -> InProcessBuffer:
-    """A fresh in-process buffer of the buffer config section ``cfg`` (as for
-    :func:`distrl.buffer.assemble.build_buffer`: batch shape, staleness, selection and storage options) writing its
-    segment and consumption logs under ``run_dir`` (and TensorBoard events to ``tb_dir``, if given)."""
-    store = make_store(cfg)
-    segments = SegmentLog(run_dir, cfg.fsync, cfg.segment_max_bytes, store.groups_put, cfg.retention_bytes,
-                          cfg.retention_s, cfg.group_size)
-    consumed = ConsumptionLog(run_dir, cfg.fsync)
+def open_buffer(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOptions, selection: SelectionOptions,
+                storage: StorageOptions, run_dir: str | os.PathLike,
+                tb_dir: str | os.PathLike | None = None) -> InProcessBuffer:
+    """A fresh in-process buffer of the buffer's sections (as :func:`distrl.buffer.assemble.build_buffer` takes
+    them: the foundation's batch shape and staleness, then its own top-k, selection and storage options) writing
+    its segment and consumption logs under ``run_dir`` (and TensorBoard events to ``tb_dir``, if given)."""
+    store = make_store(batch, staleness, keep, selection, storage)
+    segments = SegmentLog(run_dir, storage.fsync, storage.segment_max_bytes, store.groups_put,
+                          storage.retention_bytes, storage.retention_s, batch.group_size)
+    consumed = ConsumptionLog(run_dir, storage.fsync)
     metrics = Metrics(None if tb_dir is None else Path(tb_dir))
-    return InProcessBuffer(store, segments, consumed, metrics, getattr(cfg, "credit_timeout_s", CREDIT_TIMEOUT_S))
+    return InProcessBuffer(store, segments, consumed, metrics, selection.credit_timeout_s)

@@ -16,17 +16,20 @@ import threading
 from pathlib import Path
 
 from distrl.buffer.assemble import build_buffer
+from distrl.buffer.config import BufferEndpoint, SelectionOptions, StorageOptions, TopkOptions
 from distrl.core.heap import steady_heap
 from distrl.core.join import write_join_file
 from distrl.core.logs import LOG_FORMAT
+from distrl.core.run_options import BatchOptions, StalenessOptions
 
 log = logging.getLogger("distrl.buffer")
 
 
-def run(cfg) -> dict:
-    """Serve the buffer of ``cfg`` (a ``distrl.cmd.config.BufferConfig``) until asked to stop; returns its
-    final counters."""
-    run_dir = Path(cfg.run_dir).resolve()
+def run(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOptions, selection: SelectionOptions,
+        storage: StorageOptions, endpoint: BufferEndpoint) -> dict:
+    """Serve the buffer of these sections (`distrl buffer`'s, distrl.cmd.launch.run_buffer) until asked to stop;
+    returns its final counters."""
+    run_dir = Path(endpoint.run_dir).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, force=True,
                         handlers=[logging.StreamHandler(), logging.FileHandler(run_dir / "logs" / "buffer.log")])
@@ -34,14 +37,16 @@ def run(cfg) -> dict:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    server = build_buffer(cfg, run_dir, resume=cfg.resume is not None, resume_version=cfg.resume_version,
-                          replica=cfg.replica)
+    sections = (batch, staleness, keep, selection, storage)
+    server = build_buffer(*sections, run_dir, endpoint=endpoint, resume=endpoint.resume is not None,
+                          resume_version=endpoint.resume_version, replica=endpoint.replica)
     try:
-        info = {"address": server.address, "pid": os.getpid(), "config": dataclasses.asdict(cfg)}
+        options = {k: v for s in (endpoint, *sections) for k, v in dataclasses.asdict(s).items()}
+        info = {"address": server.address, "pid": os.getpid(), "config": options}
         (run_dir / "buffer.json").write_text(json.dumps(info, indent=2))
         shape = ("batch_size", "group_size", "max_staleness")  # the rest an actor gives itself (docs/multinode.md)
         write_join_file(run_dir, {"run_dir": str(run_dir), "first_id": 0, "config": {
-            "buffer_address": server.address, **{name: getattr(cfg, name) for name in shape}}})
+            "buffer_address": server.address, **{name: options[name] for name in shape}}})
         print(f"distrl buffer: serving at {server.address} (run directory {run_dir})", flush=True)
         server.serve(stop)
         stats = server.handlers.stats()

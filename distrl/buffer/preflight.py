@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from distrl.buffer.config import BufferEndpoint
 from distrl.buffer.lock import holder
 from distrl.buffer.segments import segment_paths
 from distrl.core.errors import PreflightError
@@ -25,8 +26,8 @@ def check_unlocked(flag: str, run_dir: str | Path) -> None:
                              "run directory")
 
 
-def check(cfg) -> None:
-    """A BufferConfig's --run_dir / --resume (their existence is checked when the flags parse)."""
+def check(cfg: BufferEndpoint) -> None:
+    """`distrl buffer`'s --run_dir / --resume (their existence is checked when the flags parse)."""
     run_dir = Path(cfg.run_dir)
     check_unlocked("--resume" if cfg.resume is not None else "--run_dir", run_dir)
     if cfg.resume is not None:

@@ -8,6 +8,10 @@ actor with these functions, so the parts, their order and their shutdown are the
                      (resumed from its checkpoint if asked), --learner_generates' LearnerGenerator on its model
     build_actor   -> AssembledActor: the CPU engine environment, the RolloutActor
 
+The builders take the command's composed config and hand each role only its sections (:func:`learner_sections`,
+:func:`actor_sections`, :func:`generator_sections`, :func:`buffer_sections`: the table in docs/design.md, "Config
+per role") and the objects built for it; no role receives the composed config.
+
 Each returned object's ``close()`` closes what its builder opened, the last opened first, each part
 even when another's close raised; a builder that fails part-way closes what it had opened before
 re-raising. :func:`resolve_model` is the one place ``--model tiny`` becomes a model directory.
@@ -36,6 +40,30 @@ def resolve_model(model: str, run_dir: str | Path, seed: int | None = None) -> s
     from distrl.core.tiny import build_tiny_model
 
     return str(build_tiny_model(directory, seed=seed))
+
+
+def learner_sections(cfg) -> tuple:
+    """What a learner reads of ``cfg``: its own section, then the foundation's (distrl.learn.learner.Learner's first
+    arguments)."""
+    return cfg.learn, cfg.shared, cfg.staleness
+
+
+def actor_sections(cfg) -> tuple:
+    """What a rollout actor reads of ``cfg``: the rollout's sections, then the foundation's
+    (distrl.rollout.actor.RolloutActor's first arguments)."""
+    return cfg.prompt, cfg.generation, cfg.rollout, cfg.shared, cfg.batch
+
+
+def generator_sections(cfg) -> tuple:
+    """What --learner_generates' generator reads of ``cfg`` (distrl.rollout.learner_generates.LearnerGenerator's first
+    arguments): an actor's, without its own ``rollout`` section."""
+    return cfg.prompt, cfg.generation, cfg.shared, cfg.batch
+
+
+def buffer_sections(cfg) -> tuple:
+    """What the buffer reads of ``cfg``: the foundation's batch and staleness, then its own sections
+    (distrl.buffer.assemble.build_buffer's first arguments)."""
+    return cfg.batch, cfg.staleness, cfg.keep, cfg.selection, cfg.storage
 
 
 def set_torch_threads(threads: int | None) -> None:
@@ -126,7 +154,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
     """Learner rank ``rank`` of ``world`` (the process group, if any, is already joined).
 
     Args:
-        cfg: the command's config (`LearnConfig` or `TrainConfig`: the learner's sections).
+        cfg: the command's config (`LearnConfig`, `TrainConfig`): the learner gets :func:`learner_sections`, the
+            generator :func:`generator_sections`.
         run_dir: ``weights/``, ``tb/learner<rank>[gen]/`` and (``checkpoints``) ``ckpt/``, ``final/`` go here.
         model_dir: the base model (:func:`resolve_model`'s result).
         buffer_address: the buffer's ZMQ endpoint.
@@ -149,7 +178,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
                                      broadcast_port=cfg.weights_broadcast_port, actors=cfg.number_of_actors)
             parts.publisher = parts.opened(transport(cfg.weights_transport).publisher(options))
             log.info("learner0: announcing weights on %s, serving LATEST/FETCH on %s", *parts.publisher.addresses)
-        parts.learner = parts.opened(Learner(cfg, rank, world, buffer_address, model_dir, parts.publisher,
+        parts.learner = parts.opened(Learner(*learner_sections(cfg), rank, world, buffer_address, model_dir,
+                                             parts.publisher,
                                              tb_dir=str(run_dir / "tb" / f"learner{rank}"),
                                              run_dir=run_dir if checkpoints else None))
         if resume:
@@ -162,7 +192,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
             client = parts.opened(BufferClient(buffer_address, generator_name(rank),
                                                curve_server_key=cfg.buffer_curve_server_key,
                                                curve_client_key=cfg.buffer_curve_client_key))
-            parts.generator = parts.opened(LearnerGenerator(cfg, rank, learner.model, client, model_dir,
+            parts.generator = parts.opened(LearnerGenerator(*generator_sections(cfg), rank, cfg.number_of_learners,
+                                                            learner.model, client, model_dir,
                                                             policy_version=lambda: learner.version,
                                                             tb_dir=str(run_dir / "tb" / f"learner{rank}gen")))
             parts.learner.while_waiting = parts.generator.generate_once
@@ -192,7 +223,8 @@ class AssembledActor(_Parts):
 
 def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Path,
                 rejoin: bool = False) -> AssembledActor:
-    """Rollout actor ``actor_id`` (``endpoints``: a distrl.rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
+    """Rollout actor ``actor_id`` of ``cfg`` (it gets :func:`actor_sections`; ``endpoints``: a
+    distrl.rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
     and its weight cache under ``run_dir``; ``rejoin``: it ran in this run before (restarted after a crash).
 
     Sets the CPU engine environment first (:func:`use_cpu_engine_env`). Raises what RolloutActor raises.
@@ -202,7 +234,7 @@ def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Pa
     from distrl.rollout.actor import RolloutActor
 
     run_dir = Path(run_dir)
-    actor = RolloutActor(cfg, actor_id, endpoints, model_dir, work_dir=str(run_dir),
-                         tb_dir=str(run_dir / "tb" / f"actor{actor_id}"), rejoin=rejoin)
+    actor = RolloutActor(*actor_sections(cfg), actor_id, endpoints, model_dir, work_dir=str(run_dir),
+                         tb_dir=str(run_dir / "tb" / f"actor{actor_id}"), rejoin=rejoin, resumed=bool(cfg.resume))
     inject_faults(actor)  # test-only, from the environment (distrl.cmd.faults)
     return AssembledActor(actor)

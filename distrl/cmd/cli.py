@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "train": (TrainConfig, "distrl.cmd.trainer:train"),
     "learn": (LearnConfig, "distrl.cmd.launch:run_learn"),
     "rollout": (RolloutConfig, "distrl.cmd.launch:run_rollout"),
-    "buffer": (BufferConfig, "distrl.buffer.launch:run"),
+    "buffer": (BufferConfig, "distrl.cmd.launch:run_buffer"),
     "replay": (ReplayConfig, "distrl.cmd.replay:replay"),
     "eval": (EvalConfig, "distrl.cmd.evaluate:run"),
 }

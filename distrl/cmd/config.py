@@ -1,32 +1,31 @@
-"""Each command's config, composed from the sections the roles own; only rules that join two sections here.
+"""Each command's config: named sections (composition, `distrl/cmd/compose.py`); the rules joining two sections.
 
-Sections (every option declared once, with its unit and default, in the package that reads it):
+Sections (every option declared once, with its unit and default, in the package that reads it), by the name
+each has in the commands' configs:
 
-| section | module | read by |
+| name: section | module | read by |
 |---|---|---|
-| SharedOptions, BatchOptions, StalenessOptions | distrl/core/run_options.py | actors and learners (and the buffer) |
-| PromptOptions, TaskOptions, RolloutOptions | distrl/rollout/config.py | generators (and eval: prompts); actors |
-| LearnOptions, WarmStartOptions | distrl/learn/config.py | learners; `distrl train`'s warm start |
-| SelectionOptions, StorageOptions, TopkOptions, BufferEndpoint | distrl/buffer/config.py | the buffer |
-| _ConfigFile, _RunDir, _TrainOptions, the addresses | here | the commands |
-| ReplayConfig, EvalConfig | distrl/cmd/config_offline.py | `distrl replay`, `distrl eval` |
+| shared: SharedOptions, batch, staleness | distrl/core/run_options.py | actors, learners (batch, staleness: buffer) |
+| prompt, generation: TaskOptions, rollout | distrl/rollout/config.py | generators (eval: prompt); actors |
+| learn: LearnOptions, warm_start: WarmStartOptions | distrl/learn/config.py | learners; the warm start |
+| keep: TopkOptions, selection, storage, endpoint: BufferEndpoint | distrl/buffer/config.py | the buffer |
+| file: ConfigFile, run: RunOptions, train: TrainOptions | distrl/cmd/sections.py | the commands |
+| endpoints: LearnEndpoints, actor: RolloutEndpoints | here | `distrl learn`, `distrl rollout` |
 
-`distrl train` takes every section; `distrl learn|rollout|buffer` only what that role reads, so their
+ReplayConfig and EvalConfig (distrl/cmd/config_offline.py) are composed the same way (selection; prompt).
+
+`distrl train` takes every section; `distrl learn|rollout|buffer` only those its role reads, so their
 `--help` lists only those. Building a config resolves each section's derived values once (``resolve``:
-the default --run_name, --gpu_split's role counts, absolute paths), then ``validate`` runs each section's
-``check`` and this module's cross-section rules; neither ``check`` nor ``validate`` changes the config.
-Nothing here imports torch or vLLM, so a bad flag fails in a fraction of a second with a message naming it.
+the default --run_name, absolute paths), then the role counts (--gpu_split's), then ``validate`` runs each
+section's ``check`` and this module's cross-section rules; neither changes the config. Nothing here imports
+torch or vLLM, so a bad flag fails in a fraction of a second with a message naming it.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal, Optional
+from typing import Optional
 
 from distrl.buffer.config import (
     DEFAULT_BUFFER_ADDRESS,
@@ -36,285 +35,143 @@ from distrl.buffer.config import (
     TopkOptions,
     buffer_options,
 )
+from distrl.cmd.compose import composed
 from distrl.cmd.config_offline import EvalConfig, ReplayConfig
+from distrl.cmd.sections import ConfigFile, RunOptions, TrainOptions, gpu_split_counts, ray_resources
 from distrl.core.run_options import BatchOptions, SharedOptions, StalenessOptions
 from distrl.learn.config import LearnOptions, WarmStartOptions, aggregation_in_effect
 from distrl.rollout.config import PromptOptions, RolloutOptions, TaskOptions
 from distrl.weights import transport
 
 __all__ = ["BufferConfig", "EvalConfig", "LearnConfig", "ReplayConfig", "RolloutConfig", "TrainConfig",
-           "SelectionOptions", "StorageOptions", "buffer_options"]
+           "SelectionOptions", "StorageOptions", "buffer_options", "ray_resources", "loss_aggregation",
+           "kept_per_group"]
 
 DEFAULT_WEIGHTS_PUB = "tcp://127.0.0.1:5556"
 DEFAULT_WEIGHTS_ENDPOINT = "tcp://127.0.0.1:5557"
 
 
-@dataclass
-class _ConfigFile:
-    config: Optional[str] = None
-    """YAML (.yaml/.yml) or TOML (.toml) file whose keys are flag names, e.g. max_steps; flags given on
-    the command line override it. A key that is another command's flag is ignored by `distrl
-    learn|rollout|buffer` (one line on stderr names them), so one file can serve every role; a key no
-    command knows is an error (docs/placement.md, docs/multihost.md)."""
+def settle_roles(cfg) -> None:
+    """The role counts: --gpu_split's, else 1 for an unset count; an unset --weights_transport is `fs` for the
+    separate launchers (`distrl train` picks it once its roles are placed, distrl.cmd.nodes)."""
+    for name, value in gpu_split_counts(cfg).items():
+        setattr(cfg, name, value)
+    for name in ("number_of_actors", "number_of_learners"):
+        if hasattr(cfg, name) and getattr(cfg, name) is None:
+            setattr(cfg, name, 1)
+    if getattr(cfg, "weights_transport", "") is None and not isinstance(cfg, TrainConfig):
+        cfg.weights_transport = "fs"
 
 
-@dataclass
-class _RunDir:
-    run_name: str = ""
-    """Name of the run; its directory is `<log_dir>/<run_name>/` and must not exist yet
-    (unset: `distrl-<date>-<time>`)."""
-    log_dir: str = "runs"
-    """Parent directory of run directories (config, segments/, weights/, tb/<role><index>/)."""
-    resume: Optional[str] = None
-    """Continue the run in this directory: its config.json gives every option except --max_steps; the
-    learners restart from the newest checkpoint in ckpt/, the buffer from its segment log (unconsumed
-    groups are served again), each actor after the prompts it already used."""
-
-    def resolve(self) -> None:
-        """Unset --run_name: `distrl-<date>-<time>` (now)."""
-        if not self.run_name:
-            self.run_name = time.strftime("distrl-%Y%m%d-%H%M%S")
-
-    def check(self) -> None:
-        if os.sep in self.run_name or self.run_name in ("", ".", ".."):
-            raise ValueError(f"--run_name must be a plain name, got {self.run_name!r}")
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.log_dir).resolve() / self.run_name
+def loss_aggregation(learn: LearnOptions, shared: SharedOptions) -> str:
+    """The loss aggregation in effect (--loss_aggregation, or the --learner's default)."""
+    return aggregation_in_effect(shared.learner, learn.loss_aggregation)
 
 
-@dataclass
-class _TrainOptions:
-    """What only `distrl train` reads: the live view, the watchdog, Ray and GPU placement, its bind host."""
-
-    console: bool = True
-    """`distrl train`: a live view on stderr (policy version, reward, staleness, tokens/s, buffer fill),
-    refreshed twice a second from the buffer's STATS and the learners' TensorBoard events; role logs go to
-    `<run_dir>/logs/<role>.log` only. With `--no_console`, and whenever stderr is not a terminal, a plain
-    progress line instead, at most one per 10 s."""
-    heartbeat_timeout_s: float = 300.0
-    """`distrl train`: seconds an actor or learner may go without a request to the buffer (or the buffer
-    without answering the driver) before it counts as stuck: a stuck actor is restarted, a stuck learner
-    or buffer ends the run with an error naming it (docs/faults.md); 0 turns the watchdog off."""
-    max_actor_restarts: int = 3
-    """`distrl train`: times Ray restarts each rollout actor after its process dies, is found stuck or its
-    node is lost (it rejoins with the latest weights, after the prompts its logged groups used); after
-    that the actor is gone and the run goes on with the others (docs/faults.md)."""
-    ray_address: Optional[str] = None
-    """`distrl train`: address of an existing Ray cluster to join (`ray.init(address=...)`, e.g.
-    `auto` or `10.0.0.1:6379`); unset: start a local one (or use the one this process already started)."""
-    gpus_per_actor: Optional[float] = None
-    """`distrl train`: GPUs each rollout actor reserves in Ray (fractions share a GPU, e.g. 0.5). Unset:
-    1 when the cluster has a GPU per role, 1/ceil(roles/GPUs) when it has fewer, 0 when it has none."""
-    gpus_per_learner: Optional[float] = None
-    """`distrl train`: GPUs each learner reserves in Ray; unset: as --gpus_per_actor."""
-    gpu_split: Optional[str] = None
-    """`distrl train`: `A:L` splits a GPU machine into A actors and L learners with one GPU each (e.g.
-    `3:1`); sets --number_of_actors/--number_of_learners/--gpus_per_*, which may be given only if equal."""
-    placement_strategy: Literal["PACK", "STRICT_PACK", "SPREAD"] = "PACK"
-    """`distrl train`: Ray placement-group strategy of the GPU roles: PACK (as few nodes as possible),
-    STRICT_PACK (one node) or SPREAD (across nodes)."""
-    placement_timeout_s: float = 60.0
-    """`distrl train`: seconds to wait for Ray to reserve the roles' GPUs; then the run fails, saying what
-    was asked and what the cluster has."""
-    host: str = "127.0.0.1"
-    """Address the buffer and weight endpoints bind to when every role runs on the driver's node (loopback
-    unless you need other hosts); when `distrl train`'s roles span Ray nodes, each binds on its node's address."""
-    auth: bool = True
-    """`distrl train`: when a role binds off loopback (roles on several nodes, or a --host that is not loopback),
-    the buffer and weight endpoints are CURVE-authenticated and encrypted with keys the driver makes for the run
-    and hands to the roles through Ray (never written to disk): a client without them gets no answer.
-    `--no_auth`: plain TCP (a network you trust). A one-host loopback run is plain TCP either way."""
-    actor_resources: Optional[str] = None
-    """`distrl train`: Ray resources each rollout actor asks for, as a JSON object, e.g. `{"node2": 1}` (a
-    custom resource of `ray start --resources`): pins the actors to the nodes that have it (docs/multinode.md)."""
-    learner_resources: Optional[str] = None
-    """`distrl train`: Ray resources each learner asks for, as a JSON object (as --actor_resources)."""
-    buffer_resources: Optional[str] = None
-    """`distrl train`: Ray resources the buffer asks for, as a JSON object (as --actor_resources). A role that
-    asks for no GPU and no resource runs on the driver's node."""
-
-    def check(self) -> None:
-        """Raise ValueError naming the first bad `distrl train` option."""
-        for name in ("gpus_per_actor", "gpus_per_learner"):
-            value = getattr(self, name)
-            if value is not None and not (0 <= value <= 1 or float(value).is_integer()):
-                raise ValueError(f"--{name} must be a fraction in [0, 1] or a whole number, got {value}")
-        if not self.placement_timeout_s > 0:
-            raise ValueError(f"--placement_timeout_s must be > 0, got {self.placement_timeout_s}")
-        if not self.heartbeat_timeout_s >= 0:
-            raise ValueError(f"--heartbeat_timeout_s must be >= 0 (0: no watchdog), got {self.heartbeat_timeout_s}")
-        if self.max_actor_restarts < 0:
-            raise ValueError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
-        for role in ("actor", "learner", "buffer"):
-            ray_resources(getattr(self, f"{role}_resources"), f"--{role}_resources")
-        for name in ("buffer_curve_server_key", "buffer_curve_client_key"):
-            if getattr(self, name, None) is not None:
-                raise ValueError(f"--{name} is for `distrl learn|rollout` against a `distrl buffer` with key files: "
-                                 "`distrl train` makes its run's CURVE keys itself (--no_auth turns them off)")
+def kept_per_group(keep: TopkOptions, batch: BatchOptions) -> int:
+    """Completions kept per group (--topk, or all --group_size)."""
+    return keep.topk or batch.group_size
 
 
-def ray_resources(text: str | None, flag: str) -> dict[str, float]:
-    """``text`` (a JSON object of Ray resource name -> amount > 0) as a dict; {} for None. Raises
-    ValueError naming ``flag`` for anything else, or for GPU (--gpus_per_actor/--gpus_per_learner say that)."""
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (int, float))
-                                              and not isinstance(v, bool) and v > 0 for k, v in value.items()):
-        raise ValueError(f"{flag} must be a JSON object of Ray resource name -> amount > 0, e.g. "
-                         f"'{{\"node2\": 1}}', got {text!r}")
-    if "GPU" in value:
-        raise ValueError(f"{flag}: give GPUs with --gpus_per_actor/--gpus_per_learner, not as a resource")
-    return {k: float(v) for k, v in value.items()}
-
-
-def gpu_split_counts(cfg) -> dict[str, float]:
-    """The flags --gpu_split `A:L` stands for (A actors and L learners, one GPU each); {} when unset.
-    Raises ValueError on another form or on a given flag that disagrees."""
-    if getattr(cfg, "gpu_split", None) is None:
-        return {}
-    parts = cfg.gpu_split.split(":")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise ValueError(f"--gpu_split must be A:L (actors:learners, e.g. 3:1), got {cfg.gpu_split!r}")
-    split = {"number_of_actors": int(parts[0]), "number_of_learners": int(parts[1]),
-             "gpus_per_actor": 1.0, "gpus_per_learner": 1.0}
-    for name, value in split.items():
-        if getattr(cfg, name) is not None and getattr(cfg, name) != value:
-            raise ValueError(f"--gpu_split {cfg.gpu_split} means --{name} {value:g}, but --{name} "
-                             f"{getattr(cfg, name):g} was given: drop one of them")
-    return split
-
-
-class _Composed:
-    """A command's config: its sections' fields; built, it resolves derived values once, then validates.
-    ``rules``: the cross-section rules that apply to it (functions of the config raising ValueError)."""
-
-    rules: ClassVar[tuple] = ()
-    places_roles: ClassVar[bool] = False  # distrl train: an unset --weights_transport waits for the placement
-
-    def __post_init__(self) -> None:
-        self.resolve()
-        self.validate()
-
-    def _sections(self) -> list[type]:
-        """The section classes of this config, in field order (this class and _Composed are not sections)."""
-        return [cls for cls in reversed(type(self).__mro__) if not issubclass(cls, _Composed)]
-
-    def resolve(self) -> None:
-        """Each section's derived values, then the role counts: --gpu_split's, else 1 for an unset count."""
-        for cls in self._sections():
-            if "resolve" in vars(cls):
-                vars(cls)["resolve"](self)
-        for name, value in gpu_split_counts(self).items():
-            setattr(self, name, value)
-        for name in ("number_of_actors", "number_of_learners"):
-            if hasattr(self, name) and getattr(self, name) is None:
-                setattr(self, name, 1)
-        if getattr(self, "weights_transport", "") is None and not self.places_roles:
-            self.weights_transport = "fs"  # distrl train picks it once its roles are placed (distrl.cmd.nodes)
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad option: each section's own check, then the rules joining two."""
-        for cls in self._sections():
-            if "check" in vars(cls):
-                vars(cls)["check"](self)
-        for rule in self.rules:
-            rule(self)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str):
-        return cls(**json.loads(text))
-
-
-class _LearnerView:
-    @property
-    def aggregation(self) -> str:
-        """The loss aggregation in effect (--loss_aggregation, or the --learner's default)."""
-        return aggregation_in_effect(self.learner, self.loss_aggregation)
-
-
-class _BufferView:
-    @property
-    def k(self) -> int:
-        """Completions kept per group (--topk, or all --group_size)."""
-        return self.topk or self.group_size
-
-
-# The rules joining two sections; each command lists those whose fields it has.
+# The rules joining two sections; each command lists those whose sections it has.
 def topk_fits_group(cfg) -> None:
-    if cfg.topk is not None and not 1 <= cfg.topk <= cfg.group_size:
-        raise ValueError(f"--topk must be in [1, --group_size={cfg.group_size}], got {cfg.topk}")
+    if cfg.keep.topk is not None and not 1 <= cfg.keep.topk <= cfg.batch.group_size:
+        raise ValueError(f"--topk must be in [1, --group_size={cfg.batch.group_size}], got {cfg.keep.topk}")
 
 
 def learners_share_the_batch(cfg) -> None:
-    if cfg.batch_size % cfg.number_of_learners:
-        raise ValueError(f"--batch_size {cfg.batch_size} must be a multiple of "
-                         f"--number_of_learners {cfg.number_of_learners} (each learner takes a shard)")
+    if cfg.batch.batch_size % cfg.learn.number_of_learners:
+        raise ValueError(f"--batch_size {cfg.batch.batch_size} must be a multiple of "
+                         f"--number_of_learners {cfg.learn.number_of_learners} (each learner takes a shard)")
 
 
 def actors_exist(cfg) -> None:
-    if cfg.number_of_actors < (0 if getattr(cfg, "learner_generates", False) else 1):
+    shared = cfg.shared
+    generates = hasattr(cfg, "learn") and cfg.learn.learner_generates
+    if shared.number_of_actors < (0 if generates else 1):
         raise ValueError(f"--number_of_actors must be >= 1 (>= 0 with --learner_generates), "
-                         f"got {cfg.number_of_actors}")
-    if cfg.number_of_actors == 0 and transport(cfg.weights_transport).needs_actors:
-        raise ValueError(f"--weights_transport {cfg.weights_transport} needs at least one actor (--number_of_actors 0)")
+                         f"got {shared.number_of_actors}")
+    if shared.number_of_actors == 0 and transport(shared.weights_transport).needs_actors:
+        raise ValueError(f"--weights_transport {shared.weights_transport} needs at least one actor "
+                         "(--number_of_actors 0)")
 
 
 def learner_options_agree(cfg) -> None:
-    if cfg.pg_baseline == "running_mean" and cfg.learner != "pg":
-        raise ValueError(f"--pg_baseline running_mean needs --learner pg, got --learner {cfg.learner}")
-    if transport(cfg.weights_transport).full_weights_only and cfg.finetune != "full":
-        raise ValueError(f"--weights_transport {cfg.weights_transport} carries full weights: it needs --finetune full "
-                         "(LoRA adapters are small: use fs or zmq)")
+    learn, shared = cfg.learn, cfg.shared
+    if learn.pg_baseline == "running_mean" and shared.learner != "pg":
+        raise ValueError(f"--pg_baseline running_mean needs --learner pg, got --learner {shared.learner}")
+    if transport(shared.weights_transport).full_weights_only and shared.finetune != "full":
+        raise ValueError(f"--weights_transport {shared.weights_transport} carries full weights: it needs --finetune "
+                         "full (LoRA adapters are small: use fs or zmq)")
+    if shared.finetune == "lora" and not learn.lora_target_modules:
+        raise ValueError("--lora_target_modules must name at least one module with --finetune lora")
+    if learn.load_in_4bit and (shared.finetune != "lora" or learn.backend == "hf"):
+        raise ValueError(f"--load_in_4bit is QLoRA through Unsloth: it needs --finetune lora and --backend "
+                         f"unsloth (or auto), got --finetune {shared.finetune} --backend {learn.backend}")
+    if learn.export_final == "adapter" and shared.finetune != "lora":
+        raise ValueError("--export_final adapter needs --finetune lora (full fine-tuning has no adapter: "
+                         "use merged or off)")
 
 
 def groups_give_advantages(cfg) -> None:
     """A group of one completion has advantage 0 under every group-relative estimator (its reward minus its
     own mean, distrl/core/advantages.py): such a run would train nothing and exit 0."""
-    group_relative = cfg.learner in ("grpo", "dr_grpo") or cfg.pg_baseline == "group"
-    if cfg.group_size == 1 and group_relative and not cfg.kl_coef > 0:
-        baseline = " --pg_baseline group" if cfg.learner == "pg" else ""
-        raise ValueError(f"--group_size 1 with --learner {cfg.learner}{baseline}: a group's advantages are its rewards "
+    learner, pg_baseline = cfg.shared.learner, cfg.learn.pg_baseline
+    group_relative = learner in ("grpo", "dr_grpo") or pg_baseline == "group"
+    if cfg.batch.group_size == 1 and group_relative and not cfg.learn.kl_coef > 0:
+        baseline = " --pg_baseline group" if learner == "pg" else ""
+        raise ValueError(f"--group_size 1 with --learner {learner}{baseline}: a group's advantages are its rewards "
                          "minus the group's mean, all 0 with one completion a group, so nothing would be trained; "
                          "use --group_size 2 or more, or --learner pg --pg_baseline running_mean, or a KL term "
                          "(--kl_coef > 0)")
 
 
+def train_makes_its_keys(cfg) -> None:
+    for name in ("buffer_curve_server_key", "buffer_curve_client_key"):
+        if getattr(cfg.shared, name) is not None:
+            raise ValueError(f"--{name} is for `distrl learn|rollout` against a `distrl buffer` with key files: "
+                             "`distrl train` makes its run's CURVE keys itself (--no_auth turns them off)")
+
+
+@composed(actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree, groups_give_advantages,
+          train_makes_its_keys, settle=settle_roles)
 @dataclass
-class TrainConfig(_Composed, _LearnerView, _BufferView, _TrainOptions, WarmStartOptions, StorageOptions,
-                  SelectionOptions, TopkOptions, RolloutOptions, TaskOptions, PromptOptions, LearnOptions,
-                  StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
+class TrainConfig:
     """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
 
-    rules = (actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree, groups_give_advantages)
-    places_roles = True
+    file: ConfigFile = field(default_factory=ConfigFile)
+    run: RunOptions = field(default_factory=RunOptions)
+    shared: SharedOptions = field(default_factory=SharedOptions)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+    staleness: StalenessOptions = field(default_factory=StalenessOptions)
+    learn: LearnOptions = field(default_factory=LearnOptions)
+    prompt: PromptOptions = field(default_factory=PromptOptions)
+    generation: TaskOptions = field(default_factory=TaskOptions)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    keep: TopkOptions = field(default_factory=TopkOptions)
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
+    storage: StorageOptions = field(default_factory=StorageOptions)
+    warm_start: WarmStartOptions = field(default_factory=WarmStartOptions)
+    train: TrainOptions = field(default_factory=TrainOptions)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
 
 
 @dataclass
-class _BufferAddress:
-    buffer_address: str = DEFAULT_BUFFER_ADDRESS
-    """Address of the buffer (`distrl buffer --address`)."""
+class LearnEndpoints:
+    """Where `distrl learn`'s rank 0 binds its weight endpoints."""
 
-
-@dataclass
-class _LearnEndpoints:
     weights_pub_bind: str = DEFAULT_WEIGHTS_PUB
     """Where rank 0 announces versions (ZMQ PUB); actors connect to it with `--weights_pub`."""
     weights_endpoint_bind: str = DEFAULT_WEIGHTS_ENDPOINT
     """Where rank 0 answers LATEST and FETCH (ZMQ ROUTER); actors connect with `--weights_endpoint`."""
 
 
+@composed(actors_exist, learners_share_the_batch, learner_options_agree, groups_give_advantages, settle=settle_roles)
 @dataclass
-class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, TaskOptions, PromptOptions,
-                  LearnOptions, StalenessOptions, BatchOptions, SharedOptions, _RunDir, _ConfigFile):
+class LearnConfig:
     """One learner rank as a plain process (`distrl learn`), wired to the buffer by ZMQ address only.
 
     Several ranks run under `torchrun --nproc_per_node N -m distrl learn ...` (rank and world size
@@ -323,11 +180,27 @@ class LearnConfig(_Composed, _LearnerView, _LearnEndpoints, _BufferAddress, Task
     options are read with --learner_generates.
     """
 
-    rules = (actors_exist, learners_share_the_batch, learner_options_agree, groups_give_advantages)
+    file: ConfigFile = field(default_factory=ConfigFile)
+    run: RunOptions = field(default_factory=RunOptions)
+    shared: SharedOptions = field(default_factory=SharedOptions)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+    staleness: StalenessOptions = field(default_factory=StalenessOptions)
+    learn: LearnOptions = field(default_factory=LearnOptions)
+    prompt: PromptOptions = field(default_factory=PromptOptions)
+    generation: TaskOptions = field(default_factory=TaskOptions)
+    buffer_address: str = DEFAULT_BUFFER_ADDRESS
+    """Address of the buffer (`distrl buffer --address`)."""
+    endpoints: LearnEndpoints = field(default_factory=LearnEndpoints)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
 
 
 @dataclass
-class _RolloutEndpoints:
+class RolloutEndpoints:
+    """Which actor `distrl rollout` is and where it finds the learner's weights (or the run it joins)."""
+
     actor_id: int = 0
     """This actor's index (its seed offset, log and TensorBoard names); with --join the buffer picks a fresh one."""
     join: Optional[str] = None
@@ -346,30 +219,49 @@ class _RolloutEndpoints:
             raise ValueError(f"--actor_id must be >= 0, got {self.actor_id}")
 
 
+def prepare_join(cfg) -> None:
+    """--join: where it writes and what cannot be joined (distrl.cmd.join.apply_join; `distrl rollout` put the
+    run's options before the command line's flags), before each section's derived values."""
+    if cfg.actor.join is not None:
+        from distrl.cmd.join import apply_join
+
+        apply_join(cfg)
+
+
+@composed(actors_exist, settle=settle_roles, prepare=prepare_join)
 @dataclass
-class RolloutConfig(_Composed, _RolloutEndpoints, _BufferAddress, RolloutOptions, TaskOptions, PromptOptions,
-                    BatchOptions, SharedOptions, _RunDir, _ConfigFile):
+class RolloutConfig:
     """One rollout actor as a plain process (`distrl rollout`), wired by ZMQ addresses only.
 
     Writes its weight cache, tb/actor<id>/ and logs/ under `<log_dir>/<run_name>/`.
     """
 
-    rules = (actors_exist,)
+    file: ConfigFile = field(default_factory=ConfigFile)
+    run: RunOptions = field(default_factory=RunOptions)
+    shared: SharedOptions = field(default_factory=SharedOptions)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+    prompt: PromptOptions = field(default_factory=PromptOptions)
+    generation: TaskOptions = field(default_factory=TaskOptions)
+    rollout: RolloutOptions = field(default_factory=RolloutOptions)
+    buffer_address: str = DEFAULT_BUFFER_ADDRESS
+    """Address of the buffer (`distrl buffer --address`)."""
+    actor: RolloutEndpoints = field(default_factory=RolloutEndpoints)
 
-    def resolve(self) -> None:
-        """--join: where it writes and what cannot be joined (distrl.cmd.join.apply_join; `distrl rollout` put
-        the run's options before the command line's flags), then each section's derived values."""
-        if self.join is not None:
-            from distrl.cmd.join import apply_join
-
-            apply_join(self)
-        super().resolve()
+    @property
+    def run_dir(self) -> Path:
+        return self.run.run_dir
 
 
+@composed(topk_fits_group)
 @dataclass
-class BufferConfig(_Composed, _BufferView, StorageOptions, SelectionOptions, TopkOptions, StalenessOptions,
-                   BatchOptions, BufferEndpoint, _ConfigFile):
+class BufferConfig:
     """The replay buffer alone as a plain process (`distrl buffer`), for `distrl learn|rollout` and
     multi-host runs. It serves until SHUTDOWN, SIGTERM or SIGINT; `--resume` restarts it where it was."""
 
-    rules = (topk_fits_group,)
+    file: ConfigFile = field(default_factory=ConfigFile)
+    endpoint: BufferEndpoint = field(default_factory=BufferEndpoint)
+    batch: BatchOptions = field(default_factory=BatchOptions)
+    staleness: StalenessOptions = field(default_factory=StalenessOptions)
+    keep: TopkOptions = field(default_factory=TopkOptions)
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
+    storage: StorageOptions = field(default_factory=StorageOptions)

@@ -8,18 +8,47 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
 from tyro.conf import Positional
 
 from distrl.buffer.config import SelectionOptions
+from distrl.cmd.compose import composed
 from distrl.rollout.config import PromptOptions
 
 
+def _check_replay(cfg) -> None:
+    if not Path(cfg.source).is_dir():
+        raise ValueError(f"replay source {cfg.source}: no such directory")
+    for name in ("max_steps", "batch_size", "topk"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.max_staleness is not None and cfg.max_staleness < 0:
+        raise ValueError(f"--max_staleness must be >= 0, got {cfg.max_staleness}")
+    if cfg.train_config is not None and not Path(cfg.train_config).is_file():
+        raise ValueError(f"--train_config {cfg.train_config}: no such file")
+
+
+def _name_replay(cfg) -> None:
+    if not cfg.run_name:
+        cfg.run_name = time.strftime("replay-%Y%m%d-%H%M%S")
+    if os.sep in cfg.run_name or cfg.run_name in (".", ".."):
+        raise ValueError(f"--run_name must be a plain name, got {cfg.run_name!r}")
+
+
+@composed(_check_replay, prepare=_name_replay)
 @dataclass
-class _ReplaySource:
+class ReplayConfig:
+    """Train a learner offline from a saved segment log (`distrl replay <run_dir>`): no actors, no Ray.
+
+    The log is loaded into a buffer in replay mode (each group handed out up to --replay_ratio times,
+    staleness per --staleness_model) and the ordinary learner trains against it in this process.
+    Writes `<log_dir>/<run_name>/` with config.json, replay.json, consumed.jsonl, weights/ and
+    tb/{learner0,buffer0}/ (learner/staleness_* and buffer/staleness show the replayed staleness).
+    """
+
     source: Positional[str]
     """Run directory of a finished or running job (its `segments/`), or a segments directory itself."""
     run_name: str = ""
@@ -50,47 +79,32 @@ class _ReplaySource:
     """AdamW learning rate (unset: the source run's)."""
     seed: Optional[int] = None
     """Seed of the learner's initialization (unset: the source run's)."""
-
-
-@dataclass
-class ReplayConfig(SelectionOptions, _ReplaySource):
-    """Train a learner offline from a saved segment log (`distrl replay <run_dir>`): no actors, no Ray.
-
-    The log is loaded into a buffer in replay mode (each group handed out up to --replay_ratio times,
-    staleness per --staleness_model) and the ordinary learner trains against it in this process.
-    Writes `<log_dir>/<run_name>/` with config.json, replay.json, consumed.jsonl, weights/ and
-    tb/{learner0,buffer0}/ (learner/staleness_* and buffer/staleness show the replayed staleness).
-    """
-
-    def __post_init__(self) -> None:
-        if not self.run_name:
-            self.run_name = time.strftime("replay-%Y%m%d-%H%M%S")
-        if os.sep in self.run_name or self.run_name in (".", ".."):
-            raise ValueError(f"--run_name must be a plain name, got {self.run_name!r}")
-        if not Path(self.source).is_dir():
-            raise ValueError(f"replay source {self.source}: no such directory")
-        SelectionOptions.check(self)
-        for name in ("max_steps", "batch_size", "topk"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")
-        if self.train_config is not None and not Path(self.train_config).is_file():
-            raise ValueError(f"--train_config {self.train_config}: no such file")
+    selection: SelectionOptions = field(default_factory=SelectionOptions)
 
     @property
     def out_dir(self) -> Path:
         return Path(self.log_dir).resolve() / self.run_name
 
 
-@dataclass
-class _EvalModel:
-    model: str
-    """Hub id or local directory of the base causal LM; `tiny` builds the embedded tiny model (--seed)."""
+def _check_eval(cfg) -> None:
+    for name in ("num_samples", "max_new_tokens", "limit", "max_model_len"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.temperature is not None and cfg.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {cfg.temperature}")
+    if cfg.sampling_temperature == 0 and cfg.num_samples > 1:
+        raise ValueError(f"--num_samples {cfg.num_samples} with --temperature 0 samples the same greedy "
+                         "completion each time: give --temperature > 0")
+    if cfg.ks is not None and any(not 1 <= k <= cfg.num_samples for k in cfg.ks):
+        raise ValueError(f"--ks must each be in [1, --num_samples={cfg.num_samples}], got {list(cfg.ks)}")
+    if cfg.adapter is not None and not Path(cfg.adapter).is_dir():
+        raise ValueError(f"--adapter {cfg.adapter}: no such directory (expected <run_dir>/weights/vNNNNNN)")
+    # --dataset, --model, --tokenizer: checked at preflight (distrl/cmd/preflight.py), before any engine
 
 
+@composed(_check_eval)
 @dataclass
-class EvalConfig(PromptOptions, _EvalModel):
+class EvalConfig:
     """Evaluate a model, or a policy version a run published, on a dataset (`distrl eval`).
 
     Samples --num_samples completions per problem, scores them with the task's reward, prints pass@1
@@ -99,6 +113,9 @@ class EvalConfig(PromptOptions, _EvalModel):
     (use the run's own).
     """
 
+    model: str
+    """Hub id or local directory of the base causal LM; `tiny` builds the embedded tiny model (--seed)."""
+    prompt: PromptOptions = field(default_factory=PromptOptions)
     adapter: Optional[str] = None
     """A policy version directory a run published (`<run_dir>/weights/vNNNNNN`): a LoRA adapter (it holds
     adapter_config.json) or full weights, loaded into the engine over --model (unset: --model alone)."""
@@ -128,23 +145,6 @@ class EvalConfig(PromptOptions, _EvalModel):
     output: Optional[str] = None
     """Write the report as JSON here: metrics, by_group, settings and every problem's samples (text,
     extracted answer, correct, reward, length). Unset: print only."""
-
-    def __post_init__(self) -> None:
-        for name in ("num_samples", "max_new_tokens", "limit", "max_model_len"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.sampling_temperature == 0 and self.num_samples > 1:
-            raise ValueError(f"--num_samples {self.num_samples} with --temperature 0 samples the same greedy "
-                             "completion each time: give --temperature > 0")
-        PromptOptions.resolve(self)
-        PromptOptions.check(self)
-        if self.ks is not None and any(not 1 <= k <= self.num_samples for k in self.ks):
-            raise ValueError(f"--ks must each be in [1, --num_samples={self.num_samples}], got {list(self.ks)}")
-        if self.adapter is not None and not Path(self.adapter).is_dir():
-            raise ValueError(f"--adapter {self.adapter}: no such directory (expected <run_dir>/weights/vNNNNNN)")
-        # --dataset, --model, --tokenizer: checked at preflight (distrl/cmd/preflight.py), before any engine
 
     @property
     def sampling_temperature(self) -> float:

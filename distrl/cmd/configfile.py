@@ -20,13 +20,14 @@ reads as the number is taken for a number field: PyYAML reads `3e-4` (no dot) as
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import tomllib
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
+
+from distrl.cmd.compose import flat_fields, flat_hints
 
 SUFFIXES = (".yaml", ".yml", ".toml")
 
@@ -111,8 +112,8 @@ def check_value(key: str, value: Any, hint: Any, path: str | Path) -> None:
 
 def flag_tokens(data: dict[str, Any], config_class: type, path: str | Path) -> list[str]:
     """Flag tokens for ``data``'s keys, checked against ``config_class``'s fields; raises ConfigFileError."""
-    names = {f.name for f in dataclasses.fields(config_class)}
-    hints = typing.get_type_hints(config_class)
+    names = {f.name for f in flat_fields(config_class)}
+    hints = flat_hints(config_class)
     tokens: list[str] = []
     for key, value in data.items():
         if key not in names or key == "config":
@@ -134,8 +135,8 @@ def flag_tokens(data: dict[str, Any], config_class: type, path: str | Path) -> l
 
 def other_commands_keys(data: dict[str, Any], command: str, configs: dict[str, type]) -> list[str]:
     """The keys of ``data`` that are not flags of ``command`` but are flags of another command of ``configs``."""
-    own = {f.name for f in dataclasses.fields(configs[command])}
-    others = {f.name for name, cls in configs.items() if name != command for f in dataclasses.fields(cls)}
+    own = {f.name for f in flat_fields(configs[command])}
+    others = {f.name for name, cls in configs.items() if name != command for f in flat_fields(cls)}
     return [key for key in data if key not in own and key in others]
 
 
@@ -146,7 +147,7 @@ def expand_config(argv: list[str], configs: dict[str, type], shared: tuple[str, 
     field is left alone (its parser then rejects --config). Only the last --config counts. For a command
     in ``shared``, the file's keys that only other commands take are left out, named on one stderr line.
     """
-    if not argv or argv[0] not in configs or "config" not in {f.name for f in dataclasses.fields(configs[argv[0]])}:
+    if not argv or argv[0] not in configs or "config" not in {f.name for f in flat_fields(configs[argv[0]])}:
         return argv
     path = None
     for i, token in enumerate(argv[1:], start=1):

@@ -14,10 +14,10 @@ cannot be joined (their group is fixed at start).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 
+from distrl.cmd.compose import flat_fields
 from distrl.cmd.configfile import flag_tokens
 from distrl.core.join import join_file_path, read_join_file, write_join_file
 from distrl.weights import transport
@@ -68,7 +68,7 @@ def expand_join(argv: list[str], config_class: type) -> list[str]:
         options = read_join_file(where)["config"]
     except ValueError:
         return argv
-    names = {f.name for f in dataclasses.fields(config_class)} - NOT_JOINED
+    names = {f.name for f in flat_fields(config_class)} - NOT_JOINED
     return [argv[0], *flag_tokens({k: v for k, v in options.items() if k in names}, config_class, where), *argv[1:]]
 
 
@@ -79,7 +79,7 @@ def apply_join(cfg) -> None:
     naming what to pass."""
     info = read_join_file(cfg.join)
     cfg.join = str(join_file_path(cfg.join))
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    defaults = {f.name: f.default for f in flat_fields(cfg)}
     run_dir = Path(info.get("run_dir", "joined"))
     if not cfg.run_name:  # the run's own directory when it is here (shared or the same host), else a local one
         if cfg.log_dir == defaults["log_dir"] and run_dir.is_dir():

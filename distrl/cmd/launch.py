@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from distrl.cmd.assemble import build_actor, build_learner, resolve_model, set_torch_threads
-from distrl.cmd.config import LearnConfig, RolloutConfig, TrainConfig
+from distrl.cmd.assemble import buffer_sections, build_actor, build_learner, resolve_model, set_torch_threads
+from distrl.cmd.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
 from distrl.cmd.faults import read_role_file, write_role_file
 from distrl.cmd.stacks import needed, probe_here, settle_stacks
 from distrl.core.compile_cache import use_compile_caches
@@ -53,6 +53,13 @@ def run_learn(cfg: LearnConfig) -> dict:
         parts.close()
     log.info("learner%d: done at version %d", rank, result["version"])
     return result
+
+
+def run_buffer(cfg: BufferConfig) -> dict:
+    """`distrl buffer`: serve the buffer of ``cfg``'s sections until asked to stop (distrl.buffer.launch.run)."""
+    from distrl.buffer.launch import run
+
+    return run(*buffer_sections(cfg), cfg.endpoint)
 
 
 def run_rollout(cfg: RolloutConfig) -> dict:

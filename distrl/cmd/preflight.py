@@ -11,7 +11,6 @@ AutoTokenizer only when --tokenizer is given). docs/troubleshooting.md lists eve
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -19,6 +18,7 @@ import socket
 from pathlib import Path
 from typing import Callable
 
+from distrl.cmd.compose import flat_fields
 from distrl.core.errors import PreflightError
 
 # ZeroMQ endpoints given by flag: tcp://HOST:PORT (PORT 0-65535, or *), ipc://PATH or inproc://NAME
@@ -36,7 +36,7 @@ def dropped_by_resume(cfg, saved: dict) -> list[str]:
     resolution) and different from the run's saved value, except those of RESUME_KEEPS."""
     defaults = type(cfg)()
     dropped = []
-    for f in dataclasses.fields(cfg):
+    for f in flat_fields(cfg):
         value = getattr(cfg, f.name)
         if f.name in RESUME_KEEPS or value == getattr(defaults, f.name):
             continue
@@ -57,7 +57,7 @@ def check_resume(cfg) -> None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise PreflightError("--resume", f"{cfg.resume}/config.json cannot be read ({exc})",
                              "restore the file distrl train wrote there, or start a new run") from None
-    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(cfg)}) if isinstance(saved, dict) else None
+    unknown = sorted(set(saved) - {f.name for f in flat_fields(cfg)}) if isinstance(saved, dict) else None
     if unknown is None or unknown:
         raise PreflightError("--resume", f"{cfg.resume}/config.json is not a run's config (unknown keys: {unknown})",
                              "restore the file distrl train wrote there, or start a new run")
@@ -72,7 +72,7 @@ def check_flags(cfg) -> None:
     """Every command: each float flag is a finite number (no range check of a role lets ``inf`` work), each
     ZeroMQ address flag is ``tcp://HOST:PORT`` with a port of at most 65535, ``ipc://`` or ``inproc://``,
     and each port flag is a port."""
-    for f in dataclasses.fields(cfg):
+    for f in flat_fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise PreflightError(f"--{f.name}", f"{value} is not a finite number",
@@ -127,18 +127,20 @@ def check_train(cfg) -> None:
         check_resume(cfg)
         return
     check_new_run(cfg)
-    learn.check(cfg)
-    rollout.check_inputs(cfg)
+    learn.check(cfg.shared)
+    rollout.check_inputs(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared)
 
 
 def check_eval(cfg) -> None:
     """`distrl eval`: model, tokenizer, dataset and task, temperature, prompts' length."""
     from distrl.rollout import preflight as rollout
+    from distrl.rollout.prompt_fit import PromptSource
 
     rollout.check_sources(cfg.model, cfg.tokenizer)
     rollout.check_dataset(cfg.task, cfg.dataset)
     rollout.check_temperature(cfg.engine, cfg.sampling_temperature)
-    rollout.check_prompts(cfg)
+    rollout.check_prompts(PromptSource(cfg.prompt, cfg.model, cfg.tokenizer, cfg.seed, cfg.max_model_len,
+                                       cfg.max_new_tokens, split=cfg.split, limit=cfg.limit))
 
 
 def check_replay(cfg) -> None:
@@ -156,19 +158,19 @@ def check_replay(cfg) -> None:
 def _learn(cfg) -> None:
     from distrl.learn import preflight
 
-    preflight.check(cfg)
+    preflight.check(cfg.shared)
 
 
 def _rollout(cfg) -> None:
     from distrl.rollout import preflight
 
-    preflight.check(cfg)
+    preflight.check(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared)
 
 
 def _buffer(cfg) -> None:
     from distrl.buffer import preflight
 
-    preflight.check(cfg)
+    preflight.check(cfg.endpoint)
 
 
 CHECKS: dict[str, Callable] = {"train": check_train, "learn": _learn, "rollout": _rollout, "buffer": _buffer,

@@ -23,14 +23,14 @@ the model), so the learner never waits for data that will not come.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
 import time
 from pathlib import Path
 
-from distrl.cmd.config import ReplayConfig, SelectionOptions, TrainConfig
+from distrl.cmd.compose import flat_fields
+from distrl.cmd.config import ReplayConfig, TrainConfig, buffer_options
 from distrl.cmd.stacks import needed, probe_here, settle_stacks
 
 log = logging.getLogger("distrl.cmd.replay")
@@ -48,10 +48,10 @@ def train_config(cfg: ReplayConfig, group_size: int) -> TrainConfig:
     Raises ValueError if the options do not fit the log (e.g. topk > its group size).
     """
     path = Path(cfg.train_config) if cfg.train_config else Path(cfg.source) / "config.json"
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    known = {f.name for f in flat_fields(TrainConfig)}
     options = {k: v for k, v in (json.loads(path.read_text()) if path.is_file() else {}).items() if k in known}
     options.update({name: getattr(cfg, name) for name in OVERRIDES if getattr(cfg, name) is not None})
-    options.update({f.name: getattr(cfg, f.name) for f in dataclasses.fields(SelectionOptions)})
+    options.update(buffer_options(cfg.selection))
     # a replay has no actors, no generator and no run to resume: its versions go to <out>/weights, whatever
     # the source run's --weights_transport was (nccl would wait for actors to join its broadcast); the logged
     # groups' weight stamps are the source run's weights, not this learner's: no attestation
@@ -99,11 +99,11 @@ def check_first_gap(tb_dir: str | Path) -> tuple[int, float] | None:
 
 def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tuple[int, int]:
     """(versions the log can feed under these rules, groups in the log), by running the selection alone."""
+    from distrl.buffer.assemble import make_store
     from distrl.buffer.recovery import restore_store
-    from distrl.buffer.store import GroupStore
+    from distrl.cmd.assemble import buffer_sections
 
-    store = GroupStore(train.batch_size, train.max_staleness, train.k, train.group_size, train.topk_by, train.order,
-                       train.filter_zero_variance, train.replay_ratio, restamp=restamp)
+    store = make_store(*buffer_sections(train), restamp=restamp, bounded=False)
     groups = restore_store(store, source, use_consumed=False)["groups"]
     version = 0
     while store.select(version, 0, 1) is not None:
@@ -140,7 +140,7 @@ def replay(cfg: ReplayConfig) -> dict:
     out_dir.mkdir(parents=True)
     setup_logging(out_dir / "logs" / "replay.log")
     (out_dir / "config.json").write_text(train.to_json())
-    (out_dir / "replay.json").write_text(json.dumps({**dataclasses.asdict(cfg), "planned_versions": versions,
+    (out_dir / "replay.json").write_text(json.dumps({**cfg.to_flat(), "planned_versions": versions,
                                                       "log_groups": groups}, indent=2))
     start = time.time()
     model = model_dir(cfg, train, out_dir)
@@ -166,10 +166,10 @@ def replay(cfg: ReplayConfig) -> dict:
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
     """Serve the log from a replay BufferServer thread and run one Learner against it to train.max_steps."""
     from distrl.buffer.assemble import build_buffer
-    from distrl.cmd.assemble import build_learner
+    from distrl.cmd.assemble import buffer_sections, build_learner
 
-    server = build_buffer(train, out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source, restamp=restamp,
-                          role="distrl replay")
+    server = build_buffer(*buffer_sections(train), out_dir, address="tcp://127.0.0.1:0", replay_from=cfg.source,
+                          restamp=restamp, role="distrl replay")
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), name="replay-buffer", daemon=True)
     thread.start()

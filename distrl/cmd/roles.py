@@ -10,7 +10,7 @@ import logging
 import os
 from pathlib import Path
 
-from distrl.cmd.assemble import build_actor, build_learner, cuda_available, set_torch_threads
+from distrl.cmd.assemble import buffer_sections, build_actor, build_learner, cuda_available, set_torch_threads
 from distrl.cmd.config import TrainConfig
 from distrl.cmd.faults import write_role_file
 from distrl.core.heap import steady_heap
@@ -54,8 +54,9 @@ class BufferRole(_Role):
         from distrl.buffer.assemble import build_buffer
 
         begin_role(run_dir, "buffer0", keys)
-        self.server = build_buffer(cfg, run_dir, address=f"tcp://{cfg.host}:0", resume=bool(cfg.resume),
-                                   resume_version=resume_version, role="distrl train's buffer0", replica=replica)
+        self.server = build_buffer(*buffer_sections(cfg), run_dir, address=f"tcp://{cfg.host}:0",
+                                   resume=bool(cfg.resume), resume_version=resume_version,
+                                   role="distrl train's buffer0", replica=replica)
 
     def address(self) -> str:
         return self.server.address

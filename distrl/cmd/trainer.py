@@ -32,6 +32,7 @@ from pathlib import Path
 
 from distrl.cmd.actor_runs import ActorRuns
 from distrl.cmd.buffer_log import close_replica, prepare_buffer_log
+from distrl.cmd.compose import flat_fields
 from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.console import start_console
 from distrl.cmd.faults import (
@@ -195,7 +196,7 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
                   for i in range(cfg.number_of_actors)]
     pub, latest = ray.get(run.weights)
     write_train_join_file(cfg, run_dir, model_dir, ActorEndpoints(run.buffer_address, pub, latest), plan.keys,
-                          [f.name for f in dataclasses.fields(RolloutConfig)])  # `distrl rollout --join`
+                          [f.name for f in flat_fields(RolloutConfig)])  # `distrl rollout --join`
     run.gpu_ids = {name: ray.get(h.accelerator_ids.remote()) for name, h in run.handles().items() if name != "buffer0"}
     log.info("placement (GPUs per actor %g, per learner %g): %s", run.placement.gpus_per_actor,
              run.placement.gpus_per_learner, run.gpu_ids)

@@ -220,16 +220,9 @@ class LearnOptions:
             raise ValueError(f"--max_grad_norm must be >= 0 (0: no clipping), got {self.max_grad_norm}")
         if self.lr_warmup_steps < 0:
             raise ValueError(f"--lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
-        if self.finetune == "lora" and not self.lora_target_modules:
-            raise ValueError("--lora_target_modules must name at least one module with --finetune lora")
-        if self.load_in_4bit and (self.finetune != "lora" or self.backend == "hf"):
-            raise ValueError(f"--load_in_4bit is QLoRA through Unsloth: it needs --finetune lora and --backend "
-                             f"unsloth (or auto), got --finetune {self.finetune} --backend {self.backend}")
         if self.export_final not in ("merged", "adapter", "off"):
             raise ValueError(f"--export_final must be one of merged, adapter, off, got {self.export_final!r}")
-        if self.export_final == "adapter" and self.finetune != "lora":
-            raise ValueError("--export_final adapter needs --finetune lora (full fine-tuning has no adapter: "
-                             "use merged or off)")
+        # with --finetune (the shared section): distrl/cmd/config.py's learner_options_agree
 
     def check_loss(self) -> None:
         """The loss and off-policy options; raises ValueError naming the flag."""

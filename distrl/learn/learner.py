@@ -32,6 +32,8 @@ Works under Ray (``distrl.cmd.roles.LearnerRole`` creates the process group) and
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -44,11 +46,12 @@ import torch
 
 from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
+from distrl.core.run_options import SharedOptions, StalenessOptions
 from distrl.core.startup import mark
 from distrl.learn.baseline import RunningMeanBaseline
 from distrl.learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack, widest_first
 from distrl.learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
-from distrl.learn.config import LearnOptions
+from distrl.learn.config import LearnOptions, aggregation_in_effect
 from distrl.learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
 from distrl.learn.logprobs import head_impl, token_logprobs, warm_up
 from distrl.learn.losses import LossConfig, Normalizer, policy_loss
@@ -70,21 +73,23 @@ __all__ = ["Learner", "init_distributed_from_env", "loss_config"]
 log = logging.getLogger("distrl.learner")
 
 
-def loss_config(cfg: LearnOptions) -> LossConfig:
-    """The objective of ``cfg`` (``dr_grpo`` is GRPO's clipped ratio with its own aggregation)."""
-    eps = cfg.clip_eps
-    off = cfg.off_policy_config()
-    return LossConfig(kind="pg" if cfg.learner == "pg" else "grpo",
-                      clip_eps_low=eps if cfg.clip_eps_low is None else cfg.clip_eps_low,
-                      clip_eps_high=eps if cfg.clip_eps_high is None else cfg.clip_eps_high,
-                      kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, off_policy=off)
+def loss_config(learn: LearnOptions, shared: SharedOptions) -> LossConfig:
+    """The objective of ``learn`` and the --learner of ``shared`` (``dr_grpo`` is GRPO's clipped ratio with its own
+    aggregation)."""
+    eps = learn.clip_eps
+    off = learn.off_policy_config()
+    return LossConfig(kind="pg" if shared.learner == "pg" else "grpo",
+                      clip_eps_low=eps if learn.clip_eps_low is None else learn.clip_eps_low,
+                      clip_eps_high=eps if learn.clip_eps_high is None else learn.clip_eps_high,
+                      kl_coef=learn.kl_coef, kl_estimator=learn.kl_estimator, off_policy=off)
 
 
 class Learner:
     """One learner rank. `run()` trains `max_steps` versions and returns a summary dict.
 
-    ``cfg`` is the command's composed config (`distrl.cmd.config.LearnConfig` or `TrainConfig`):
-    distrl/learn/config.py's section and the shared ones of distrl/core/run_options.py.
+    Its inputs are its own config section (``learn``, distrl/learn/config.py), the foundation's sections it reads
+    (``shared``: model, sampling, weight transport; ``staleness``: the weight versions attestation keeps,
+    distrl/core/run_options.py) and the objects assembled for it (``publisher``); never a command's config.
 
     ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
     only computes the gradients (tests compare micro-batchings with it). ``client``: the buffer client
@@ -92,57 +97,59 @@ class Learner:
     (tests: ``distrl.buffer.inprocess``).
     """
 
-    def __init__(self, cfg: LearnOptions, rank: int, world_size: int, buffer_address: str, model_dir: str,
-                 publisher=None, tb_dir: str | None = None, run_dir: str | Path | None = None,
-                 client: BufferApi | None = None):
-        self.cfg, self.rank, self.world_size, self.model_dir = cfg, rank, world_size, model_dir
-        torch.manual_seed(cfg.seed)
-        backend = settle_backend(cfg.backend, cfg.load_in_4bit)  # the commands settled it: a cached probe here
-        self.model = load_policy(model_dir, cfg.dtype, cfg.lora_rank, cfg.lora_alpha, cfg.max_model_len or 2048,
-                                 cfg.seed, finetune=cfg.finetune, backend=backend,
-                                 target_modules=cfg.lora_target_modules, load_in_4bit=cfg.load_in_4bit)
+    def __init__(self, learn: LearnOptions, shared: SharedOptions, staleness: StalenessOptions, rank: int,
+                 world_size: int, buffer_address: str, model_dir: str, publisher=None, tb_dir: str | None = None,
+                 run_dir: str | Path | None = None, client: BufferApi | None = None):
+        self.learn, self.shared, self.staleness = learn, shared, staleness
+        self.rank, self.world_size, self.model_dir = rank, world_size, model_dir
+        torch.manual_seed(shared.seed)
+        backend = settle_backend(learn.backend, learn.load_in_4bit)  # the commands settled it: a cached probe here
+        self.model = load_policy(model_dir, shared.dtype, shared.lora_rank, learn.lora_alpha,
+                                 shared.max_model_len or 2048, shared.seed, finetune=shared.finetune, backend=backend,
+                                 target_modules=learn.lora_target_modules, load_in_4bit=learn.load_in_4bit)
         self.body, self.head = body_and_head(self.model)
         mark("model_loaded")  # start-up marks (distrl.core.startup)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.device = self.params[0].device
-        if cfg.learner_pack_tokens and backend == "unsloth" and self.device.type == "cuda":
+        if learn.learner_pack_tokens and backend == "unsloth" and self.device.type == "cuda":
             raise ValueError("--learner_pack_tokens needs --backend hf on a GPU: Unsloth's own attention "
                              "does not split packed rows at position-id restarts")
-        if cfg.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)
+        if learn.gradient_checkpointing:  # HF recomputes each decoder layer in backward (train mode only)
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()  # Qwen2/Llama have no dropout by default; LoRA is built with lora_dropout=0
-        if cfg.compiles_layers() and (self.device.type == "cuda" or cfg.learner_compile):
-            compile_layers(self.model, packed=cfg.learner_pack_tokens > 0, kl=cfg.kl_coef > 0)
+        if learn.compiles_layers() and (self.device.type == "cuda" or learn.learner_compile):
+            compile_layers(self.model, packed=learn.learner_pack_tokens > 0, kl=learn.kl_coef > 0)
         if self.device.type == "cuda" and self.params[0].dtype in (torch.bfloat16, torch.float16):
             # The fp32 head multiplies bf16-valued hidden states and weights: TF32 inputs hold bf16 values
             # exactly, so the forward logits keep fp32 accumulation at tensor-core speed. (An fp32 model
             # keeps full fp32 matmuls.)
             torch.backends.cuda.matmul.allow_tf32 = True
-        self.head_impl, why = head_impl(cfg.learner_head, self.head, cfg.temperature)
+        self.head_impl, why = head_impl(learn.learner_head, self.head, shared.temperature)
         log.info("learner%d: LM head %s (%s)", rank, self.head_impl, why)
-        warm_up(self.head, self.model.config.get_text_config().hidden_size, self.params[0].dtype, cfg.temperature,
-                cfg.learner_head_chunk_tokens, self.head_impl)  # CUDA: compiles while the actors start
+        warm_up(self.head, self.model.config.get_text_config().hidden_size, self.params[0].dtype, shared.temperature,
+                learn.learner_head_chunk_tokens, self.head_impl)  # CUDA: compiles while the actors start
         broadcast_params(self.params, world_size)
-        self.optimizer, self.scheduler = build_optimizer(self.params, cfg.learning_rate, cfg.lr_warmup_steps,
-                                                         cfg.max_steps, cfg.lr_schedule)
-        self.loss_cfg = loss_config(cfg)
-        self.baseline = RunningMeanBaseline(cfg.baseline_decay) if cfg.pg_baseline == "running_mean" else None
+        self.optimizer, self.scheduler = build_optimizer(self.params, learn.learning_rate, learn.lr_warmup_steps,
+                                                         learn.max_steps, learn.lr_schedule)
+        self.loss_cfg = loss_config(learn, shared)
+        self.baseline = RunningMeanBaseline(learn.baseline_decay) if learn.pg_baseline == "running_mean" else None
         self.reference = None  # (body, head) of a frozen copy: full fine-tuning with a KL term
-        if cfg.kl_coef > 0 and cfg.finetune == "full":
+        if learn.kl_coef > 0 and shared.finetune == "full":
             self.reference = frozen_reference(self.model)
         self.pad_id = self.model.config.pad_token_id or 0
         if client is None:
             from distrl.core.buffer_client import BufferClient
 
             client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
-                                  curve_server_key=cfg.buffer_curve_server_key,
-                                  curve_client_key=cfg.buffer_curve_client_key)
+                                  curve_server_key=shared.buffer_curve_server_key,
+                                  curve_client_key=shared.buffer_curve_client_key)
         self.client = client
         self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
-        self.attest = None if not cfg.attest_weights else LearnerAttestation(  # distrl/learn/quarantine.py
-            cfg, rank, world_size, self.body, self.head, self.model.config.vocab_size, self.metrics)
+        self.attest = None if not shared.attest_weights else LearnerAttestation(  # distrl/learn/quarantine.py
+            learn, staleness.max_staleness, rank, world_size, self.body, self.head, self.model.config.vocab_size,
+            self.metrics)
         self.version = 0  # this process's one policy version (a LearnerGenerator reads it, never sets it)
         # Called as while_waiting() each time a GET has to wait (--learner_generates sets it to generate with
         # this model at self.version); returns True if it did work, False to let the GET sleep instead.
@@ -162,8 +169,8 @@ class Learner:
             hidden = body(input_ids=mb.packed_ids, position_ids=mb.packed_positions, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.packed_index)  # (n, H), padded order
         targets = mb.targets.reshape(-1).index_select(0, index)
-        out = token_logprobs(hidden.unsqueeze(0), head, targets.unsqueeze(0), self.cfg.temperature,
-                             chunk_tokens=self.cfg.learner_head_chunk_tokens, return_entropy=entropy,
+        out = token_logprobs(hidden.unsqueeze(0), head, targets.unsqueeze(0), self.shared.temperature,
+                             chunk_tokens=self.learn.learner_head_chunk_tokens, return_entropy=entropy,
                              impl=self.head_impl if head is self.head else "chunked")
         lp = out[0] if entropy else out
         logp = torch.zeros(mb.mask.numel(), dtype=torch.float32, device=hidden.device)
@@ -206,14 +213,15 @@ class Learner:
             advantages = np.array(self.baseline.advantages(rewards, totals["reward_mean"]), dtype=np.float64)
             n_nonzero = all_reduce_sum([int(np.count_nonzero(advantages[loss]))], self.world_size)[0]
         totals["signal"] = n_nonzero > 0 or (self.loss_cfg.kl_coef > 0 and n_seq > 0)
-        norm_tokens = float(self.cfg.loss_norm_tokens or self.cfg.max_new_tokens)
-        norm = Normalizer(self.cfg.aggregation, n_tok, n_seq, norm_tokens)
+        norm_tokens = float(self.learn.loss_norm_tokens or self.shared.max_new_tokens)
+        aggregation = aggregation_in_effect(self.shared.learner, self.learn.loss_aggregation)
+        norm = Normalizer(aggregation, n_tok, n_seq, norm_tokens)
         return norm, advantages, totals
 
     def in_loss(self, table: pa.Table) -> np.ndarray:
         """(b,) bool: which completion rows get a loss: with ``--truncation mask`` (DAPO's overlong
         filtering) those cut at the length limit (finish_reason ``length``) do not; their tokens count nowhere."""
-        if self.cfg.truncation != "mask":
+        if self.shared.truncation != "mask":
             return np.ones(table.num_rows, dtype=bool)
         return pc.not_equal(table.column("finish_reason"), "length").to_numpy()
 
@@ -223,14 +231,14 @@ class Learner:
         ``--learner_chunk_size`` rows in table order when given; ``advantages``: (b,), one per row); gradients
         accumulate in .grad. Rows that get no loss (:meth:`in_loss`) are left out."""
         rows = np.flatnonzero(self.in_loss(table))
-        if self.cfg.learner_chunk_size is None:  # by token budget: rows of similar width share a micro-batch
+        if self.learn.learner_chunk_size is None:  # by token budget: rows of similar width share a micro-batch
             rows = rows[widest_first(table.take(rows))]
         table, advantages = table.take(rows), advantages[rows]
         parts = []
-        for start, stop in micro_batches(table, self.cfg.learner_chunk_size, self.cfg.learner_chunk_tokens):
+        for start, stop in micro_batches(table, self.learn.learner_chunk_size, self.learn.learner_chunk_tokens):
             mb = collate(table.slice(start, stop - start), self.pad_id, advantages[start:stop])
-            if self.cfg.learner_pack_tokens:
-                mb = pack(mb, self.pad_id, self.cfg.learner_pack_tokens)
+            if self.learn.learner_pack_tokens:
+                mb = pack(mb, self.pad_id, self.learn.learner_pack_tokens)
             mb = mb.to(self.device)
             parts.append(self._forward_backward(mb, norm))
         return to_floats(parts)  # the step's one wait for the device
@@ -244,7 +252,7 @@ class Learner:
         if totals["signal"]:
             parts = self.accumulate(table, advantages, norm)
             all_reduce_grads(self.params, self.world_size)
-            max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+            max_norm = self.learn.max_grad_norm if self.learn.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm=max_norm))
         # Without signal no gradient was computed: every .grad is None, which torch.optim skips (no moment,
         # step-count or weight-decay update), so this step changes nothing. Stepping anyway keeps the optimizer
@@ -269,7 +277,7 @@ class Learner:
     def subscribed(self) -> bool:
         """Whether any actor takes each version's weights: not with --number_of_actors 0 (--learner_generates
         alone, whose generator uses this learner's model object); then only the last version is published."""
-        return getattr(self.cfg, "number_of_actors", 1) > 0
+        return self.shared.number_of_actors > 0
 
     def _publish(self) -> None:
         t0 = time.perf_counter()
@@ -290,7 +298,7 @@ class Learner:
 
     def _checkpoint(self) -> None:
         """Save `<run_dir>/ckpt/v<version>` every --checkpoint_every versions and at the last; keep two."""
-        every, last = self.cfg.checkpoint_every, self.version == self.cfg.max_steps
+        every, last = self.learn.checkpoint_every, self.version == self.learn.max_steps
         if self.run_dir is None or not (last or (every and self.version % every == 0)):
             return
         self.save_checkpoint(checkpoint_dir(self.run_dir, self.version))
@@ -305,7 +313,7 @@ class Learner:
             self.attest.record(self.version)
         if self.rank == 0 and self.version > 0:  # resumed: actors start from the version we hold
             self._publish()
-        while self.version < self.cfg.max_steps:
+        while self.version < self.learn.max_steps:
             t0 = time.perf_counter()
             table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800,
                                     on_wait=self.while_waiting)
@@ -323,7 +331,7 @@ class Learner:
             self.version += 1
             if self.attest is not None:
                 self.attest.record(self.version)
-            if self.rank == 0 and (self.subscribed or self.version == self.cfg.max_steps):
+            if self.rank == 0 and (self.subscribed or self.version == self.learn.max_steps):
                 self._publish()
             mark("first_version")
             self._checkpoint()
@@ -343,12 +351,12 @@ class Learner:
             self.client.stop()
             if not self.publisher.flush(timeout_s=600):
                 log.warning("learner0: the final version %d did not reach every actor", self.version)
-            if self.run_dir is not None and self.cfg.export_final != "off":
-                merged = self.cfg.export_final == "merged" and not self.cfg.load_in_4bit
-                if self.cfg.export_final == "merged" and not merged:
+            if self.run_dir is not None and self.learn.export_final != "off":
+                merged = self.learn.export_final == "merged" and not self.learn.load_in_4bit
+                if self.learn.export_final == "merged" and not merged:
                     log.warning("learner0: --load_in_4bit: exporting the adapter only (merging into 4-bit "
                                 "weights loses precision: merge it into the unquantized base instead)")
-                final = export_final(self.model, self.run_dir / "final", self.model_dir, self.cfg.tokenizer,
+                final = export_final(self.model, self.run_dir / "final", self.model_dir, self.shared.tokenizer,
                                      merged=merged)
                 log.info("learner0: final model (version %d) exported to %s", self.version, final)
         self.metrics.close()
@@ -358,7 +366,12 @@ class Learner:
         """Checkpoint this rank at ``self.version`` (distrl.learn.checkpoint; collective with several ranks)."""
         extra = {"baseline": self.baseline.state_dict() if self.baseline is not None else None}
         return save_checkpoint(directory, self.model, self.optimizer, self.scheduler, self.version,
-                               self.cfg.to_json(), extra, self.rank, self.world_size)
+                               self.config_json(), extra, self.rank, self.world_size)
+
+    def config_json(self) -> str:
+        """The options this learner reads, flat (a checkpoint's config.json)."""
+        sections = (self.shared, self.staleness, self.learn)
+        return json.dumps({k: v for s in sections for k, v in dataclasses.asdict(s).items()}, indent=2, sort_keys=True)
 
     def load_checkpoint(self, directory) -> dict:
         """Restore weights, optimizer, LR schedule, RNG, baseline and version from ``directory``."""

@@ -8,10 +8,11 @@ The model it trains and the tokenizer it exports with resolve without a download
 from __future__ import annotations
 
 from distrl.core.hub import check_model, check_tokenizer, check_vocab_fits
+from distrl.core.run_options import SharedOptions
 
 
-def check(cfg) -> None:
-    """`distrl learn` (and the learners of `distrl train`): `--model` and `--tokenizer` of a TrainConfig."""
-    check_model(cfg.model)
-    check_tokenizer(cfg.tokenizer)
-    check_vocab_fits(cfg.model, cfg.tokenizer)
+def check(shared: SharedOptions) -> None:
+    """`distrl learn` (and the learners of `distrl train`): `--model` and `--tokenizer` (the shared section)."""
+    check_model(shared.model)
+    check_tokenizer(shared.tokenizer)
+    check_vocab_fits(shared.model, shared.tokenizer)

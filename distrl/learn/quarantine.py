@@ -14,6 +14,7 @@ import time
 import pyarrow as pa
 
 from distrl.core.metrics import Metrics
+from distrl.learn.config import LearnOptions
 from distrl.learn.distributed import all_reduce_sum
 from distrl.weights.attest import Attestor, canary_logprob, tolerance
 
@@ -24,12 +25,13 @@ class LearnerAttestation:
     """``record(version)`` after each step (and for the version the run starts from); ``published(version,
     digest)`` on rank 0; ``check(table, version)`` returns the rows to train on (raises WrongWeightsError)."""
 
-    def __init__(self, cfg, rank: int, world_size: int, body, head, vocab_size: int, metrics: Metrics) -> None:
+    def __init__(self, learn: LearnOptions, max_staleness: int, rank: int, world_size: int, body, head,
+                 vocab_size: int, metrics: Metrics) -> None:
         self.rank, self.world_size, self.metrics = rank, world_size, metrics
         self.record_s = 0.0  # seconds the last record() took
         self.body, self.head, self.vocab_size = body, head, vocab_size
-        tol = tolerance(head.weight.dtype, head.weight.device.type, cfg.attest_tolerance)
-        self.attestor = Attestor(tol, cfg.attest_max_bad_versions, keep=max(64, 2 * cfg.max_staleness + 8))
+        tol = tolerance(head.weight.dtype, head.weight.device.type, learn.attest_tolerance)
+        self.attestor = Attestor(tol, learn.attest_max_bad_versions, keep=max(64, 2 * max_staleness + 8))
         log.info("learner%d: weight attestation on (canary tolerance %g nats/token)", rank, tol)
 
     def record(self, version: int) -> None:

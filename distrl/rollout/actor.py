@@ -20,8 +20,9 @@ from typing import Callable
 
 from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
+from distrl.core.run_options import BatchOptions, SharedOptions
 from distrl.core.startup import mark
-from distrl.rollout.config import TaskOptions
+from distrl.rollout.config import PromptOptions, RolloutOptions, TaskOptions
 from distrl.rollout.rollouts import Rollouts, VersionBoundary, load_task
 from distrl.weights import LoadOptions, WeightError, WeightSubscriber, transport
 
@@ -41,10 +42,12 @@ LOAD_ATTEMPTS = 3  # versions tried in one refresh when a load fails (each newer
 class RolloutActor:
     """Runs one actor's loop; `run()` returns a summary dict when the buffer says stop.
 
-    ``cfg`` is the command's composed config (`distrl.cmd.config.RolloutConfig` or `TrainConfig`): the
-    sections of distrl/rollout/config.py and the shared ones of distrl/core/run_options.py. ``endpoints``: the
-    buffer's and the learner's addresses, or a callable that returns them, called once the engine is loaded and
-    warmed up (``distrl train`` starts its actors while the learners load). ``client``: the buffer client
+    Its inputs are the rollout's config sections (distrl/rollout/config.py: ``prompt``, ``generation`` and
+    ``rollout``, the actor's own), the foundation's (distrl/core/run_options.py: ``shared``, ``batch``),
+    ``resumed`` (the run continues an earlier one) and the objects assembled for it; never a command's config.
+    ``endpoints``: the buffer's and the learner's addresses, or a callable that returns them, called once the
+    engine is loaded and warmed up (``distrl train`` starts its actors while the learners load; a first vLLM start
+    calls it before its engine: :meth:`_start_engine`). ``client``: the buffer client
     (:class:`distrl.core.buffer_client.BufferApi`) to use instead of a :class:`BufferClient` of
     ``endpoints.buffer`` (tests: ``distrl.buffer.inprocess``). Each step is :class:`Rollouts`' (``rollouts``).
     """
@@ -54,33 +57,38 @@ class RolloutActor:
         """The policy version this actor serves: its engine's, the one owner."""
         return self.engine.version
 
-    def _start_engine(self, cfg, model_dir: str, endpoints):
+    def _start_engine(self, rollout: RolloutOptions, generation: TaskOptions, shared: SharedOptions,
+                      model_dir: str, endpoints):
         """The engine (--engine's), and ``endpoints`` resolved first where the engine must start after the
         learners: vLLM on CUDA the first time its settings start on this host (distrl.rollout.engines.vllm_plan)."""
         from distrl.rollout.engines import make_engine
 
-        settings = dict(model=model_dir, tokenizer=cfg.tokenizer, dtype=cfg.dtype, max_lora_rank=cfg.lora_rank,
-                        max_model_len=cfg.max_model_len, seed=cfg.seed * 1000 + self.actor_id,
-                        merge_lora=cfg.merge_lora, batching=cfg.batching, max_num_seqs=cfg.max_num_seqs,
-                        lora=cfg.finetune == "lora", gpu_memory_utilization=cfg.gpu_memory_utilization)
-        if cfg.engine != "vllm":
-            return make_engine(cfg.engine, **settings), endpoints
+        settings = dict(model=model_dir, tokenizer=shared.tokenizer, dtype=shared.dtype, max_lora_rank=shared.lora_rank,
+                        max_model_len=shared.max_model_len, seed=shared.seed * 1000 + self.actor_id,
+                        merge_lora=rollout.merge_lora, batching=generation.batching,
+                        max_num_seqs=generation.max_num_seqs, lora=shared.finetune == "lora",
+                        gpu_memory_utilization=rollout.gpu_memory_utilization)
+        if rollout.engine != "vllm":
+            return make_engine(rollout.engine, **settings), endpoints
         from distrl.rollout.engines.vllm_plan import remember_start, started_before
 
         if callable(endpoints) and not started_before(settings):
             endpoints = endpoints()  # a first start profiles its memory: after the learners loaded theirs
-        engine = make_engine(cfg.engine, **settings)
+        engine = make_engine(rollout.engine, **settings)
         remember_start(settings)
         return engine, endpoints
 
-    def __init__(self, cfg: TaskOptions, actor_id: int, endpoints: ActorEndpoints | Callable[[], ActorEndpoints],
-                 model_dir: str, work_dir: str, tb_dir: str | None = None, rejoin: bool = False,
-                 name: str | None = None, client: BufferApi | None = None):
-        self.cfg, self.actor_id = cfg, actor_id
+    def __init__(self, prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions,
+                 shared: SharedOptions, batch: BatchOptions, actor_id: int,
+                 endpoints: ActorEndpoints | Callable[[], ActorEndpoints], model_dir: str, work_dir: str,
+                 tb_dir: str | None = None, rejoin: bool = False, name: str | None = None, resumed: bool = False,
+                 client: BufferApi | None = None):
+        self.prompt, self.generation, self.rollout, self.shared, self.batch = prompt, generation, rollout, shared, batch
+        self.actor_id = actor_id
         self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
-        task = load_task(cfg)  # and --eval_every's held-out problems, left out of its stream
-        self.inflight_update = cfg.inflight_update
-        self.engine, endpoints = self._start_engine(cfg, model_dir, endpoints)
+        task = load_task(prompt, generation, shared)  # and --eval_every's held-out problems, left out of its stream
+        self.inflight_update = rollout.inflight_update
+        self.engine, endpoints = self._start_engine(rollout, generation, shared, model_dir, endpoints)
         mark("engine_ready")  # start-up marks (distrl.core.startup)
         self.engine.warm_up()  # compiles now (CUDA), while distrl train's learners load, not in the first rollouts
         mark("engine_warm")
@@ -90,14 +98,14 @@ class RolloutActor:
         if client is None:
             from distrl.core.buffer_client import BufferClient
 
-            client = BufferClient(endpoints.buffer, self.name, curve_server_key=cfg.buffer_curve_server_key,
-                                  curve_client_key=cfg.buffer_curve_client_key)
+            client = BufferClient(endpoints.buffer, self.name, curve_server_key=shared.buffer_curve_server_key,
+                                  curve_client_key=shared.buffer_curve_client_key)
         self.client, self.metrics = client, Metrics(tb_dir)
         hook = None if self.inflight_update == "off" else self._between_steps  # --inflight_update
-        self.rollouts = Rollouts(cfg, actor_id, self.name, self.engine, task, client, self.metrics,
-                                 version=lambda: self.version, between_steps=hook,
-                                 on_boundary=lambda: self._refresh_weights(0))
-        if cfg.resume or rejoin:  # resumed, or restarted after a crash: none of an acknowledged group's seeds reused
+        self.rollouts = Rollouts(generation, shared, batch, actor_id, self.name, self.engine, task, client,
+                                 self.metrics, version=lambda: self.version, between_steps=hook,
+                                 on_boundary=lambda: self._refresh_weights(0), log_samples=rollout.log_samples)
+        if resumed or rejoin:  # resumed, or restarted after a crash: none of an acknowledged group's seeds reused
             self._skip_used_problems()
         self.evaluator = self._periodic_eval(task.heldout, work_dir) if task.heldout and actor_id == 0 else None
         self._connect_weights(endpoints, work_dir)
@@ -114,11 +122,15 @@ class RolloutActor:
             log.warning("%s: %d of the %d held-out problems are longer as templated than the %s prompt tokens "
                         "--max_model_len leaves: evaluated without them", self.name, len(heldout) - len(kept),
                         len(heldout), long_prompts.limit)
-        return PeriodicEval(self.cfg, self.rollouts.task, kept, Path(work_dir) / "eval.jsonl") if kept else None
+        if not kept:
+            return None
+        return PeriodicEval(self.generation.eval_every, self.rollouts.task, kept, Path(work_dir) / "eval.jsonl",
+                            num_samples=self.rollout.eval_num_samples, temperature=self.rollout.eval_temperature,
+                            max_new_tokens=self.shared.max_new_tokens, seed=self.shared.seed)
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Subscribe to the learner's announcements and set up the weight loader of --weights_transport."""
-        cfg = self.cfg
+        shared = self.shared
         self.weights = WeightSubscriber(endpoints.weights_pub, endpoints.weights_latest, self.name)
         try:  # a late or restarted actor starts from the current version, not from version 0
             self.weights.request_latest(timeout_s=10)
@@ -126,9 +138,9 @@ class RolloutActor:
             log.warning("%s: no weight endpoint answer yet at %s: starting from version 0", self.name,
                         endpoints.weights_latest)
         options = LoadOptions(endpoints.weights_latest, Path(work_dir) / "weights_cache" / self.name,
-                              rank=1 + self.actor_id, actors=cfg.number_of_actors,
-                              broadcast_port=cfg.weights_broadcast_port, device=self.engine.device)
-        self.loader = transport(cfg.weights_transport).loader(options, self.weights)
+                              rank=1 + self.actor_id, actors=shared.number_of_actors,
+                              broadcast_port=shared.weights_broadcast_port, device=self.engine.device)
+        self.loader = transport(shared.weights_transport).loader(options, self.weights)
 
     def _refresh_weights(self, min_version: int, target=None) -> None:
         """Serve the newest announced version (or the announcement `target`); block until one >= min_version exists."""
@@ -209,7 +221,7 @@ class RolloutActor:
         groups, idle_s, start = 0, 0.0, time.perf_counter()
         self._evaluate_if_due()  # version 0, before any update
         while True:
-            reply = self.client.credits(want=max(1, self.cfg.batch_size // self.cfg.number_of_actors))
+            reply = self.client.credits(want=max(1, self.batch.batch_size // self.shared.number_of_actors))
             if reply.get("stop"):  # training is over: serve the final version, then return
                 self._serve_final()
                 break

@@ -235,15 +235,17 @@ class PeriodicEval:
     """When to evaluate, and what to write: one instance in actor 0.
 
     Args:
-        cfg: the run's TrainConfig (``eval_every``, ``eval_num_samples``, ``eval_temperature``,
-            ``max_new_tokens``, ``seed``).
+        every: --eval_every (policy versions between evaluations).
         task: the actor's task; problems: its held-out problems.
         log_path: the eval.jsonl file (appended to; created on first use).
+        num_samples, temperature: --eval_num_samples, --eval_temperature; max_new_tokens, seed: the run's.
     """
 
-    def __init__(self, cfg, task, problems: list, log_path: str | Path):
-        self.cfg, self.task, self.problems = cfg, task, problems
-        self.every = cfg.eval_every
+    def __init__(self, every: int, task, problems: list, log_path: str | Path, *, num_samples: int = 1,
+                 temperature: float = 0.0, max_new_tokens: int = 256, seed: int = 0):
+        self.task, self.problems = task, problems
+        self.every, self.num_samples, self.temperature = every, num_samples, temperature
+        self.max_new_tokens, self.seed = max_new_tokens, seed
         self.log_path = Path(log_path)
         self.done: set[int] = set()
         if self.log_path.is_file():
@@ -263,9 +265,8 @@ class PeriodicEval:
         """Evaluate the version `engine` serves; log it to `metrics` (a distrl.core.metrics.Metrics) and
         eval.jsonl; return the eval.jsonl line."""
         t0 = time.perf_counter()
-        report = evaluate_engine(engine, self.task, self.problems, num_samples=self.cfg.eval_num_samples,
-                                 temperature=self.cfg.eval_temperature, max_new_tokens=self.cfg.max_new_tokens,
-                                 seed=self.cfg.seed)
+        report = evaluate_engine(engine, self.task, self.problems, num_samples=self.num_samples,
+                                 temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
         line = eval_line(report, time.time() - self.start, time.perf_counter() - t0)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as fh:

@@ -25,6 +25,8 @@ from typing import Callable
 
 from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
+from distrl.core.run_options import BatchOptions, SharedOptions
+from distrl.rollout.config import PromptOptions, TaskOptions
 from distrl.rollout.rollouts import Rollouts, load_task
 
 log = logging.getLogger("distrl.actor")
@@ -34,9 +36,10 @@ class LearnerGenerator:
     """Generates groups with learner ``rank``'s ``model`` (a torch causal LM, PEFT-wrapped or not).
 
     Args:
-        cfg: the run's config (a TrainConfig or LearnConfig: the task's and the shared sections; an actor's
-            own options are not read: the engine is the learner's, its weights never change mid-call).
+        prompt, generation, shared, batch: the run's sections a generator reads (an actor's own ``rollout``
+            section is not: the engine is the learner's, its weights never change mid-call).
         rank: the learner's rank; the rows' ``actor_id`` is ``-1 - rank``.
+        learners: the learner count (each generator asks credits for its share of a version's batch).
         model: the learner's model object, shared (not copied).
         client: the buffer client (:class:`distrl.core.buffer_client.BufferApi`); the generator closes it.
         model_dir: where the tokenizer is read (``--tokenizer`` when given).
@@ -46,7 +49,8 @@ class LearnerGenerator:
     The client's sender name is :func:`generator_name`'s.
     """
 
-    def __init__(self, cfg, rank: int, model, client: BufferApi, model_dir: str,
+    def __init__(self, prompt: PromptOptions, generation: TaskOptions, shared: SharedOptions, batch: BatchOptions,
+                 rank: int, learners: int, model, client: BufferApi, model_dir: str,
                  policy_version: Callable[[], int], tb_dir: str | None = None):
         from transformers import AutoTokenizer
 
@@ -54,15 +58,16 @@ class LearnerGenerator:
 
         self.rank, self.model, self.policy_version = rank, model, policy_version
         self.actor_id, self.name, self.client = -1 - rank, client.sender, client
-        task = load_task(cfg)
-        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or model_dir)
-        engine = HFEngine.sharing(model, tokenizer, cfg.max_model_len, seed=cfg.seed * 1000 + 999 - rank,
-                                  batching=cfg.batching, max_num_seqs=cfg.max_num_seqs)
+        task = load_task(prompt, generation, shared)
+        tokenizer = AutoTokenizer.from_pretrained(shared.tokenizer or model_dir)
+        engine = HFEngine.sharing(model, tokenizer, shared.max_model_len, seed=shared.seed * 1000 + 999 - rank,
+                                  batching=generation.batching, max_num_seqs=generation.max_num_seqs)
         self.metrics = Metrics(tb_dir)
-        self.rollouts = Rollouts(cfg, self.actor_id, self.name, engine, task, client, self.metrics,
-                                 version=policy_version)
+        # log_samples 0: actor 0's --log_samples is an actor's option (the generator has no rollout section)
+        self.rollouts = Rollouts(generation, shared, batch, self.actor_id, self.name, engine, task, client,
+                                 self.metrics, version=policy_version, log_samples=0)
         self.groups, self.generate_s = 0, 0.0
-        self.want = max(1, cfg.batch_size // cfg.number_of_learners)
+        self.want = max(1, batch.batch_size // learners)
 
     @property
     def version(self) -> int:

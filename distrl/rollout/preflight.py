@@ -13,6 +13,9 @@ from pathlib import Path
 
 from distrl.core.errors import PreflightError
 from distrl.core.hub import check_model, check_tokenizer, check_vocab_fits, looks_like_path
+from distrl.core.run_options import SharedOptions
+from distrl.rollout.config import PromptOptions, RolloutOptions, TaskOptions
+from distrl.rollout.prompt_fit import PromptSource
 
 # vLLM raises a temperature in (0, 0.01) to 0.01 (vllm.sampling_params._MAX_TEMP, with a warning), while
 # the learner divides its logits by the configured one: the importance ratio would compare two policies.
@@ -84,34 +87,35 @@ def check_temperature(engine: str, temperature: float, eval_temperature: float =
                              f"{VLLM_MIN_TEMPERATURE}, or --engine hf")
 
 
-def check_prompts(cfg) -> None:
+def check_prompts(source: PromptSource) -> None:
     """The task loads (a hub dataset: from the hub, or its cache when offline) and its prompts, as
-    templated, fit the context under ``--long_prompts`` (:func:`distrl.rollout.prompt_fit.check_prompt_lengths`).
-    `cfg`: a TrainConfig, RolloutConfig or EvalConfig."""
+    templated, fit the context under ``--long_prompts`` (:func:`distrl.rollout.prompt_fit.check_prompt_lengths`)."""
     from distrl.rollout.prompt_fit import check_prompt_lengths
     from distrl.rollout.tasks import DEFAULT_DATASETS, load_task
 
+    prompt = source.prompt
     try:
-        task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, split=getattr(cfg, "split", None),
-                         arith_ops=tuple(cfg.arith_ops), arith_max_operand=cfg.arith_max_operand)
+        task = load_task(prompt.task, prompt.dataset, seed=source.seed, split=source.split,
+                         arith_ops=tuple(prompt.arith_ops), arith_max_operand=prompt.arith_max_operand)
     except (OSError, ValueError) as exc:  # what `datasets` raises: offline, no such hub dataset, a bad file
-        dataset = cfg.dataset or DEFAULT_DATASETS.get(cfg.task)
+        dataset = prompt.dataset or DEFAULT_DATASETS.get(prompt.task)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise PreflightError("--dataset", f"{dataset}: cannot be loaded ({reason})",
                              "check the hub id (with HF_DATASETS_OFFLINE=1 it must be in the cache) or give a "
                              "local .jsonl or .parquet file") from None
-    task.set_prompt(cfg.prompt_template, cfg.chat_template)
-    check_prompt_lengths(cfg, task=task)
+    task.set_prompt(prompt.prompt_template, prompt.chat_template)
+    check_prompt_lengths(source, task=task)
 
 
-def check(cfg) -> None:
-    """`distrl rollout` (and the actors of `distrl train`): a TrainConfig or RolloutConfig."""
-    check_sources(cfg.model, cfg.tokenizer)
-    check_inputs(cfg)
+def check(prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions, shared: SharedOptions) -> None:
+    """`distrl rollout` (and the actors of `distrl train`): an actor's sections."""
+    check_sources(shared.model, shared.tokenizer)
+    check_inputs(prompt, generation, rollout, shared)
 
 
-def check_inputs(cfg) -> None:
+def check_inputs(prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions,
+                 shared: SharedOptions) -> None:
     """What an actor needs besides the model: the dataset and task, the temperatures, the prompts' length."""
-    check_dataset(cfg.task, cfg.dataset)
-    check_temperature(cfg.engine, cfg.temperature, cfg.eval_temperature)
-    check_prompts(cfg)
+    check_dataset(prompt.task, prompt.dataset)
+    check_temperature(rollout.engine, shared.temperature, rollout.eval_temperature)
+    check_prompts(PromptSource.of_run(prompt, generation, shared))

@@ -27,6 +27,8 @@ from itertools import islice
 from typing import Any, Iterator, Sequence
 
 from distrl.core.errors import PreflightError
+from distrl.core.run_options import SharedOptions
+from distrl.rollout.config import PromptOptions, TaskOptions
 from distrl.rollout.engines.base import encode_prompt
 
 POLICIES = ("skip", "truncate", "error")
@@ -148,36 +150,57 @@ def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int |
     return AutoTokenizer.from_pretrained(tokenizer or model), model_max
 
 
-def check_prompt_lengths(cfg, task=None, problems: Sequence | None = None) -> PromptFit:
+@dataclass(frozen=True)
+class PromptSource:
+    """The prompts a preflight measures and the context they must fit: a run's (:meth:`of_run`, from an actor's
+    sections) or `distrl eval`'s (its own options; it cannot skip a prompt: ``long_prompts`` None is ``error``)."""
+
+    prompt: PromptOptions
+    model: str
+    tokenizer: str | None
+    seed: int
+    max_model_len: int | None
+    max_new_tokens: int
+    long_prompts: str | None = None
+    split: str | None = None  # `distrl eval --split`
+    limit: int | None = None  # `distrl eval --limit`: the first N rows only
+
+    @classmethod
+    def of_run(cls, prompt: PromptOptions, generation: TaskOptions, shared: SharedOptions) -> PromptSource:
+        return cls(prompt, shared.model, shared.tokenizer, shared.seed, shared.max_model_len, shared.max_new_tokens,
+                   generation.long_prompts)
+
+
+def check_prompt_lengths(source: PromptSource, task=None, problems: Sequence | None = None) -> PromptFit:
     """Preflight: measure every prompt of the run's task as templated against ``--max_model_len -
-    --max_new_tokens`` and apply ``--long_prompts`` (`cfg.long_prompts`, ``error`` when `cfg` has none).
+    --max_new_tokens`` and apply ``--long_prompts`` (``error`` when ``source`` has none).
 
     Args:
-        cfg: a config with model, tokenizer, task, dataset, seed, prompt_template, chat_template,
-            arith_ops, arith_max_operand, max_new_tokens, max_model_len (TrainConfig, EvalConfig, ...).
-        task: the task already loaded from `cfg` (None: loaded here).
-        problems: the prompts to measure (None: every dataset row, the first ``cfg.limit`` when `cfg`
-            has one (`distrl eval --limit`), or the first `BUILTIN_SAMPLE` problems of a built-in task).
+        source: the prompt options, model, tokenizer, seed and lengths (:class:`PromptSource`).
+        task: the task already loaded from ``source.prompt`` (None: loaded here).
+        problems: the prompts to measure (None: every dataset row, the first ``source.limit`` when given
+            (`distrl eval --limit`), or the first `BUILTIN_SAMPLE` problems of a built-in task).
     Raises:
         PreflightError: ``--max_new_tokens`` leaves no room for a prompt; any long prompt under
             ``error``; every prompt long under ``skip``.
     """
-    tokenizer, model_max = load_tokenizer(cfg.model, cfg.tokenizer)
+    tokenizer, model_max = load_tokenizer(source.model, source.tokenizer)
+    prompt = source.prompt
     if task is None:
         from distrl.rollout.tasks import load_task
 
-        task = load_task(cfg.task, cfg.dataset, seed=cfg.seed, split=getattr(cfg, "split", None),
-                         arith_ops=tuple(cfg.arith_ops), arith_max_operand=cfg.arith_max_operand)
-        task.set_prompt(cfg.prompt_template, cfg.chat_template)
+        task = load_task(prompt.task, prompt.dataset, seed=source.seed, split=source.split,
+                         arith_ops=tuple(prompt.arith_ops), arith_max_operand=prompt.arith_max_operand)
+        task.set_prompt(prompt.prompt_template, prompt.chat_template)
     if problems is None:
         rows = getattr(task, "rows", None)
         count = len(rows) if rows is not None else BUILTIN_SAMPLE
-        count = min(count, getattr(cfg, "limit", None) or count)
-        problems = (list(islice(task.problems(cfg.seed), count)) if rows is None
+        count = min(count, source.limit or count)
+        problems = (list(islice(task.problems(source.seed), count)) if rows is None
                     else [task.to_problem(rows[i], i) for i in range(count)])
-    limit = prompt_limit(cfg.max_model_len, cfg.max_new_tokens, model_max)
-    fit = measure(task, problems, tokenizer, limit, getattr(cfg, "long_prompts", "error"))
-    refuse(fit, cfg.max_new_tokens, can_skip=hasattr(cfg, "long_prompts"))
+    limit = prompt_limit(source.max_model_len, source.max_new_tokens, model_max)
+    fit = measure(task, problems, tokenizer, limit, source.long_prompts or "error")
+    refuse(fit, source.max_new_tokens, can_skip=source.long_prompts is not None)
     return fit
 
 

@@ -27,6 +27,8 @@ from distrl.core.advantages import group_advantages
 from distrl.core.buffer_client import BufferApi
 from distrl.core.metrics import Metrics
 from distrl.core.rows import table_from_rows
+from distrl.core.run_options import BatchOptions, SharedOptions
+from distrl.rollout.config import PromptOptions, TaskOptions
 from distrl.rollout.engines.base import PromptResult
 from distrl.rollout.prompt_fit import LongPrompts, prompt_limit
 from distrl.rollout.reward_workers import DEFAULT_WORKERS
@@ -41,7 +43,7 @@ class VersionBoundary(Exception):
 
 
 class TaskParts(NamedTuple):
-    """What :func:`load_task` makes of the task section."""
+    """What :func:`load_task` makes of the prompt and task sections."""
 
     task: Any  # a distrl.rollout.tasks task, its prompt template set
     rewards: Callable  # [(completion_text, completion_ids, problem)] -> [(reward, components)]
@@ -49,22 +51,23 @@ class TaskParts(NamedTuple):
     heldout: list  # --eval_every's held-out problems, left out of every generator's stream (else [])
 
 
-def load_task(cfg) -> TaskParts:
-    """The task of ``cfg``'s task section and its scorer. A --reward is imported and called once now: a bad one
+def load_task(prompt: PromptOptions, generation: TaskOptions, shared: SharedOptions) -> TaskParts:
+    """The task of the ``prompt`` section (problems, template) and its scorer (the ``generation`` section's
+    --reward, or the task's own); ``shared``: the seed. A --reward is imported and called once now: a bad one
     fails here, not mid-run. With --eval_every the held-out problems are taken out of the task's stream now,
     before any problem is."""
     from distrl.rollout.tasks import load_task as load
 
-    workers = cfg.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
-    task = load(cfg.task, cfg.dataset, seed=cfg.seed, arith_ops=cfg.arith_ops,
-                arith_max_operand=cfg.arith_max_operand, verify_workers=workers)
-    task.set_prompt(cfg.prompt_template, cfg.chat_template)
+    workers = generation.reward_workers or DEFAULT_WORKERS  # child processes that score in parallel
+    task = load(prompt.task, prompt.dataset, seed=shared.seed, arith_ops=prompt.arith_ops,
+                arith_max_operand=prompt.arith_max_operand, verify_workers=workers)
+    task.set_prompt(prompt.prompt_template, prompt.chat_template)
     rewards, user_reward = task.rewards, None
-    if cfg.reward is not None:
-        user_reward = UserReward(cfg.reward, cfg.reward_timeout_s, workers)
+    if generation.reward is not None:
+        user_reward = UserReward(generation.reward, generation.reward_timeout_s, workers)
         user_reward.check(next(task.problems(seed=0)))
         rewards = user_reward.score_many
-    heldout = task.heldout(cfg.eval_size, cfg.seed) if cfg.eval_every else []
+    heldout = task.heldout(generation.eval_size, shared.seed) if generation.eval_every else []
     return TaskParts(task, rewards, user_reward, heldout)
 
 
@@ -72,8 +75,10 @@ class Rollouts:
     """Generates, scores and PUTs groups for one generator (see the module docstring).
 
     Args:
-        cfg: the task's and sampling options (group_size, temperature, max_new_tokens, truncation,
-            advantage_estimator, long_prompts, max_model_len, log_samples, seed, reward_timeout_s).
+        generation: the task section (long_prompts, reward_timeout_s).
+        shared: the sampling options (temperature, max_new_tokens, max_model_len, truncation, seed,
+            attest_weights, advantage_estimator).
+        batch: the batch's shape (group_size: completions per prompt).
         actor_id: the rows' ``actor_id``; its prompt stream and sampling seeds derive from it.
         name: the generator's name (group ids start with it).
         engine: the generation engine (:mod:`distrl.rollout.engines`).
@@ -84,25 +89,28 @@ class Rollouts:
         between_steps: called between decode steps (None: weights never change mid-call); it raises
             VersionBoundary to abort the call, after which ``on_boundary`` is called and the prompts whose groups
             were not yet PUT are generated again.
+        log_samples: completions actor 0 logs to ``actor/samples`` per version (an actor's --log_samples; 0: none).
     """
 
-    def __init__(self, cfg, actor_id: int, name: str, engine, task: TaskParts, client: BufferApi,
-                 metrics: Metrics, version: Callable[[], int], between_steps: Callable[[], None] | None = None,
-                 on_boundary: Callable[[], None] | None = None) -> None:
-        self.cfg, self.actor_id, self.name, self.engine, self.client, self.metrics = (cfg, actor_id, name, engine,
-                                                                                      client, metrics)
+    def __init__(self, generation: TaskOptions, shared: SharedOptions, batch: BatchOptions, actor_id: int,
+                 name: str, engine, task: TaskParts, client: BufferApi, metrics: Metrics,
+                 version: Callable[[], int], between_steps: Callable[[], None] | None = None,
+                 on_boundary: Callable[[], None] | None = None, log_samples: int = 0) -> None:
+        self.generation, self.shared, self.batch, self.log_samples = generation, shared, batch, log_samples
+        self.actor_id, self.name, self.engine, self.client, self.metrics = actor_id, name, engine, client, metrics
         self.task, self.rewards, self.user_reward = task.task, task.rewards, task.user_reward
         task = task.task
         self.version, self.between_steps, self.on_boundary = version, between_steps, on_boundary
         task.prompt(next(task.problems(seed=0)), engine.tokenizer)  # --chat_template on: checked
-        self.long_prompts = LongPrompts(task, engine.tokenizer, policy=cfg.long_prompts,
-                                        limit=prompt_limit(cfg.max_model_len, cfg.max_new_tokens, engine.max_model_len),
-                                        max_new_tokens=cfg.max_new_tokens)
+        self.long_prompts = LongPrompts(task, engine.tokenizer, policy=generation.long_prompts,
+                                        limit=prompt_limit(shared.max_model_len, shared.max_new_tokens,
+                                                           engine.max_model_len),
+                                        max_new_tokens=shared.max_new_tokens)
         # (problem, prompt text, prompt ids) of the prompts that fit (--long_prompts: long ones skipped or cut)
-        self.problems = self.long_prompts.stream(task.problems(seed=cfg.seed * 1000 + actor_id))
+        self.problems = self.long_prompts.stream(task.problems(seed=shared.seed * 1000 + actor_id))
         self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
         self.digest = ""  # the verified digest of the payload the engine serves ("": nothing loaded)
-        self.stamps = Stamper(engine.canary_logprob, cfg.attest_weights)  # distrl.weights.attest
+        self.stamps = Stamper(engine.canary_logprob, shared.attest_weights)  # distrl.weights.attest
         self._seq = 0
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
         self.tokens = 0  # completion tokens generated
@@ -127,7 +135,7 @@ class Rollouts:
         problems, prompts, prompt_ids = zip(*(next(self.problems) for _ in range(granted)))
         # Prompt i of this call samples with seeds seed + i * group_size + j (vLLM's n > 1 uses seed + j),
         # so no two completions of a run share a seed.
-        seed = (self.cfg.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.cfg.group_size
+        seed = (self.shared.seed * 100_003 + self.actor_id) * 2**32 + self.position * self.batch.group_size
         self.position += granted
         t0, c0 = time.time(), time.perf_counter()
         start_version, groups, results = self.version(), [], []
@@ -141,9 +149,9 @@ class Rollouts:
         tokens = sum(len(c.token_ids) for result in results for c in result.completions)
         self.tokens += tokens
         reasons = [f for g in groups for f in g.column("finish_reason").to_pylist()]
-        if self.actor_id == 0 and self.cfg.log_samples and start_version != self._samples_version:
+        if self.actor_id == 0 and self.log_samples and start_version != self._samples_version:
             self._samples_version = start_version
-            self.metrics.text("actor/samples", samples_markdown(groups, self.cfg.log_samples), step=start_version)
+            self.metrics.text("actor/samples", samples_markdown(groups, self.log_samples), step=start_version)
         return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
                 "actor/truncated_fraction": reasons.count("length") / len(reasons),
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
@@ -169,8 +177,8 @@ class Rollouts:
             self.stamps.start(start_version, self.digest)
             done: set[int] = set()
             try:
-                for finished in self.engine.generate_groups([prompts[i] for i in left], self.cfg.group_size,
-                                                            self.cfg.temperature, self.cfg.max_new_tokens,
+                for finished in self.engine.generate_groups([prompts[i] for i in left], self.batch.group_size,
+                                                            self.shared.temperature, self.shared.max_new_tokens,
                                                             between_steps=self.between_steps, seed=seed):
                     done.update(left[j] for j, _ in finished)
                     yield [(left[j], result, _versions(result, base, start_version, self.version()))
@@ -188,7 +196,7 @@ class Rollouts:
         scored, at = self.rewards(items), 0
         timeouts = timed_out(scored)
         if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
-            limit = (f"--reward_timeout_s {self.cfg.reward_timeout_s}" if self.user_reward else
+            limit = (f"--reward_timeout_s {self.generation.reward_timeout_s}" if self.user_reward else
                      f"math_verify's {self.task.verifier.timeout_s} s limit")
             log.warning("%s: %d rewards ran past %s and scored 0 (component `timeout`); counted in TensorBoard "
                         "actor/reward_timeouts and summary.json's reward_timeouts", self.name, timeouts, limit)
@@ -206,10 +214,10 @@ class Rollouts:
         its Arrow rows. ``versions``: the policy versions of the group's first and last tokens; ``gen_s``:
         seconds from the call's start to the group's end."""
         comps = result.completions
-        scored = [apply_truncation(r, comp, c.finish_reason, self.cfg.truncation)
+        scored = [apply_truncation(r, comp, c.finish_reason, self.shared.truncation)
                   for c, (r, comp) in zip(comps, scored)]
         rewards = [r for r, _ in scored]
-        advantages = group_advantages(rewards, self.cfg.advantage_estimator)
+        advantages = group_advantages(rewards, self.shared.advantage_estimator)
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
         stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
@@ -217,7 +225,7 @@ class Rollouts:
         rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=versions[0], last_policy_version=versions[1],
                      prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
-                     temperature=self.cfg.temperature, reward=r, reward_components=comp, advantage=a,
+                     temperature=self.shared.temperature, reward=r, reward_components=comp, advantage=a,
                      finish_reason=c.finish_reason, prompt_text=prompt_text, completion_text=c.text,
                      gen_start_time=t0, gen_seconds=gen_s)
                 for i, (c, (r, comp), a) in enumerate(zip(comps, scored, advantages))]

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from distrl.buffer.segments import read_segments
+from distrl.cmd.assemble import actor_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
@@ -50,7 +51,7 @@ def test_vllm_actor_puts_each_group_as_it_ends(stack, monkeypatch):
     model = build_tiny_model(stack["tmp"] / "tiny")
     cfg = TrainConfig(model=str(model), task="half_vocab", engine="vllm", group_size=2, batch_size=6,
                       max_new_tokens=64, run_name="t", log_dir=str(stack["tmp"]), attest_weights=False)
-    actor = RolloutActor(cfg, 0, stack["endpoints"], str(model), work_dir=str(stack["tmp"] / "a0"))
+    actor = RolloutActor(*actor_sections(cfg), 0, stack["endpoints"], str(model), work_dir=str(stack["tmp"] / "a0"))
     try:
         actor.step(6)
     finally:
@@ -76,7 +77,7 @@ def test_hf_actor_stamps_each_group_with_its_versions_under_inflight_updates(sta
                       learner="pg", pg_baseline="running_mean",  # a group of 1 under a group baseline is refused
                       batch_size=4, topk=1, max_new_tokens=24, max_num_seqs=2, run_name="t",
                       log_dir=str(stack["tmp"]))
-    actor = RolloutActor(cfg, 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))
+    actor = RolloutActor(*actor_sections(cfg), 0, stack["endpoints"], str(sharp), work_dir=str(stack["tmp"] / "a0"))
     try:
         transport = PayloadDirectory(stack["tmp"] / "weights")
         full = scaled_model(sharp, stack["tmp"] / "full", 1.0, noise=0.05, seed=4)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from distrl.cmd.assemble import actor_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.tiny import build_tiny_model
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
@@ -51,7 +52,7 @@ def stack(tmp_path):
 
 
 def actor(stack, actor_id: int) -> RolloutActor:
-    return RolloutActor(stack["cfg"], actor_id, stack["endpoints"], str(stack["base"]),
+    return RolloutActor(*actor_sections(stack["cfg"]), actor_id, stack["endpoints"], str(stack["base"]),
                         work_dir=str(stack["tmp"] / f"a{actor_id}"))
 
 

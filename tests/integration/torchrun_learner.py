@@ -32,6 +32,7 @@ def main() -> None:
     import torch
 
     import distrl.learn.learner
+    from distrl.cmd.assemble import learner_sections
     from distrl.cmd.config import TrainConfig
     from distrl.learn.learner import Learner, init_distributed_from_env
     from distrl.weights import DirectoryPublisher
@@ -53,7 +54,7 @@ def main() -> None:
                       loss_aggregation=args.aggregation, off_policy="decoupled", kl_coef=0.05, max_grad_norm=0.5,
                       learner_chunk_size=3, max_new_tokens=8, dtype="float32")
     publisher = DirectoryPublisher(out / "weights", keep=2) if rank == 0 else None
-    learner = Learner(cfg, rank, world, args.buffer, args.model, publisher)
+    learner = Learner(*learner_sections(cfg), rank, world, args.buffer, args.model, publisher)
     torch.save([p.detach().cpu().clone() for p in learner.params], out / f"params0-rank{rank}.pt")
     result = learner.run()
     learner.close()

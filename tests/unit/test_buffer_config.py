@@ -38,8 +38,9 @@ def test_buffer_config_names_the_bad_flag(tmp_path, kw, match):
 def test_train_config_shares_the_buffer_options_with_the_same_names_and_defaults(tmp_path):
     shared = {f.name for cls in (SelectionOptions, StorageOptions) for f in dataclasses.fields(cls)}
     train, buf = TrainConfig(), BufferConfig(run_dir=str(tmp_path))
-    assert set(buffer_options(train)) == shared == set(buffer_options(buf))
-    assert buffer_options(train) == buffer_options(buf)
+    assert set(buffer_options(train.selection, train.storage)) == shared
+    assert set(buffer_options(buf.selection, buf.storage)) == shared
+    assert buffer_options(train.selection, train.storage) == buffer_options(buf.selection, buf.storage)
     assert TrainConfig.from_json(train.to_json()).fsync == "batch"
     with pytest.raises(ValueError, match="--order"):
         TrainConfig(order="lifo")

@@ -6,6 +6,7 @@ import json
 import zmq
 
 from distrl.buffer.inprocess import open_buffer
+from distrl.cmd.assemble import buffer_sections
 from distrl.cmd.config import BufferConfig
 from distrl.core import wire
 from distrl.core.buffer_client import BufferApi, BufferClient, BufferRefused
@@ -87,7 +88,7 @@ def test_in_process_and_zmq_clients_give_the_same_answers(tmp_path):
             sock.close(linger=0)
             ctx.term()
     cfg = BufferConfig(run_dir=str(tmp_path / "inproc"), **BUFFER_TEST_OPTIONS)
-    with open_buffer(cfg, tmp_path / "inproc") as buffer:
+    with open_buffer(*buffer_sections(cfg), tmp_path / "inproc") as buffer:
         in_process = script(buffer.client("test"), lambda frames: wire.decode(buffer.handle(frames))[0])
     assert len(in_process) == len(over_zmq)
     for i, (a, b) in enumerate(zip(in_process, over_zmq)):
@@ -110,7 +111,7 @@ def test_in_process_client_writes_the_segment_log(tmp_path):
     from distrl.buffer.segments import read_consumed, read_segments
 
     cfg = BufferConfig(run_dir=str(tmp_path), **BUFFER_TEST_OPTIONS)
-    with open_buffer(cfg, tmp_path) as buffer:
+    with open_buffer(*buffer_sections(cfg), tmp_path) as buffer:
         c = buffer.client("actor0")
         c.put_many([GROUPS["a"], GROUPS["b"]])
         c.get(0)

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.learn.checkpoint import checkpoint_dir, latest_checkpoint
 from distrl.learn.learner import Learner
@@ -41,7 +42,7 @@ def test_round_trip_continues_identically(tiny, tmp_path, finetune):
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learner="pg", pg_baseline="running_mean",
                       finetune=finetune, learning_rate=1e-2, lr_warmup_steps=3, lr_schedule="cosine", max_steps=6,
                       seed=3)
-    a = Learner(cfg, 0, 1, ADDRESS, tiny)
+    a = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     for v in range(2):
         a.train_step(batch(v))
         a.version += 1
@@ -50,7 +51,7 @@ def test_round_trip_continues_identically(tiny, tmp_path, finetune):
     expected_draws = draws()
     a.train_step(batch(2))  # the uninterrupted learner goes on
 
-    b = Learner(cfg, 0, 1, ADDRESS, tiny)  # a fresh learner (same seed: version-0 weights)
+    b = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)  # a fresh learner (same seed: version-0 weights)
     state = b.load_checkpoint(path)
     assert draws() == expected_draws  # RNG restored (torch, python, numpy)
     assert b.version == 2 and state["finetune"] == finetune
@@ -64,11 +65,11 @@ def test_round_trip_continues_identically(tiny, tmp_path, finetune):
 
 
 def test_errors(tiny, tmp_path):
-    lora = Learner(TrainConfig(model=tiny, backend="hf"), 0, 1, ADDRESS, tiny)
+    lora = Learner(*learner_sections(TrainConfig(model=tiny, backend="hf")), 0, 1, ADDRESS, tiny)
     path = lora.save_checkpoint(tmp_path / "v000000")
     with pytest.raises(FileExistsError):
         lora.save_checkpoint(path)
-    full = Learner(TrainConfig(model=tiny, backend="hf", finetune="full"), 0, 1, ADDRESS, tiny)
+    full = Learner(*learner_sections(TrainConfig(model=tiny, backend="hf", finetune="full")), 0, 1, ADDRESS, tiny)
     with pytest.raises(ValueError, match="holds lora weights"):
         full.load_checkpoint(path)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):

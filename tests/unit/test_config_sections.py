@@ -7,42 +7,70 @@ resolves derived values once, and validating it changes nothing.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from pathlib import Path
 
 import pytest
 
-from distrl.cmd.config import BufferConfig, LearnConfig, RolloutConfig, TrainConfig
+from distrl.cmd.compose import flat_fields
+from distrl.cmd.config import (
+    BufferConfig,
+    EvalConfig,
+    LearnConfig,
+    ReplayConfig,
+    RolloutConfig,
+    TrainConfig,
+    kept_per_group,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_MODULES = ["distrl/cmd/config.py", "distrl/cmd/config_offline.py", "distrl/core/run_options.py",
-                  "distrl/rollout/config.py", "distrl/learn/config.py", "distrl/buffer/config.py"]
+                  "distrl/rollout/config.py", "distrl/learn/config.py", "distrl/buffer/config.py",
+                  "distrl/cmd/sections.py", "distrl/cmd/compose.py"]
+COMMANDS = [TrainConfig, LearnConfig, RolloutConfig, BufferConfig, ReplayConfig, EvalConfig]
 
 
-def sections(cls: type) -> list[type]:
-    """The dataclasses a command's config is made of (its bases that declare fields themselves)."""
-    return [base for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) and own_fields(base)]
+def sections(cls: type) -> dict[str, type]:
+    """The named sections a command's config is made of (its fields whose type is a dataclass)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
 
 
-def own_fields(section: type) -> list[str]:
-    return list(vars(section).get("__annotations__", {}))
+@pytest.mark.parametrize("cls", COMMANDS)
+def test_configs_are_composed_not_inherited(cls):
+    """Issue 42: a command's config has no base class but object; its options live in named sections."""
+    assert cls.__bases__ == (object,)
+    assert all(section.__bases__ == (object,) for section in sections(cls).values())
 
 
 @pytest.mark.parametrize("cls", [TrainConfig, LearnConfig, RolloutConfig, BufferConfig])
 def test_each_option_is_declared_in_one_section(cls):
     seen: dict[str, str] = {}
-    for section in sections(cls):
-        for name in own_fields(section):
-            assert name not in seen, f"{cls.__name__}: --{name} declared in {seen[name]} and {section.__name__}"
-            seen[name] = section.__name__
-    assert set(seen) == {f.name for f in dataclasses.fields(cls)}
+    for name, section in sections(cls).items():
+        for f in dataclasses.fields(section):
+            assert f.name not in seen, f"{cls.__name__}: --{f.name} declared in {seen[f.name]} and {name}"
+            seen[f.name] = name
+    plain = {f.name for f in dataclasses.fields(cls)} - set(sections(cls))
+    assert set(seen) | plain == {f.name for f in flat_fields(cls)}
 
 
 def test_train_takes_every_section_of_the_roles():
-    train = set(sections(TrainConfig))
+    train = set(sections(TrainConfig).values())
     for cls in (LearnConfig, RolloutConfig):
-        assert {s for s in sections(cls) if s.__module__ != "distrl.cmd.config"} <= train
-    buffer_sections = {s.__name__ for s in sections(BufferConfig)} - {"BufferEndpoint", "_ConfigFile"}
-    assert buffer_sections <= {s.__name__ for s in train}
+        assert {s for s in sections(cls).values() if s.__module__ != "distrl.cmd.config"} <= train
+    assert set(sections(BufferConfig).values()) - {sections(BufferConfig)["endpoint"]} <= train
+
+
+def test_flat_keys_map_to_their_sections_and_back(tmp_path):
+    cfg = TrainConfig(max_steps=3, topk_by="abs_advantage", seed=5, run_name="r", log_dir=str(tmp_path))
+    assert (cfg.learn.max_steps, cfg.selection.topk_by, cfg.shared.seed, cfg.max_steps) == (3, "abs_advantage", 5, 3)
+    flat = cfg.to_flat()
+    assert flat["max_steps"] == 3 and "learn" not in flat and len(flat) == len(flat_fields(TrainConfig))
+    assert TrainConfig.from_flat(flat) == cfg == TrainConfig.from_json(cfg.to_json())
+    with pytest.raises(TypeError, match="unknown option.*no_such_flag"):
+        TrainConfig.from_flat({**flat, "no_such_flag": 1})
+    cfg.max_steps = 7  # a flat name sets its section's field
+    assert cfg.learn.max_steps == 7 and not hasattr(cfg, "no_such_flag")
 
 
 def test_validation_changes_nothing_and_derived_values_are_resolved_once(tmp_path):
@@ -53,16 +81,16 @@ def test_validation_changes_nothing_and_derived_values_are_resolved_once(tmp_pat
                LearnConfig(number_of_learners=2, batch_size=8), RolloutConfig(actor_id=3, engine="hf"),
                BufferConfig(resume=str(tmp_path), topk=2)]
     for cfg in configs:
-        before = dataclasses.asdict(cfg)
+        before = cfg.to_flat()
         cfg.validate()
-        assert dataclasses.asdict(cfg) == before
+        assert cfg.to_flat() == before
         assert dataclasses.replace(cfg) == cfg  # building again from the resolved values resolves nothing new
     train, learn, rollout, buffer = configs
     assert (train.number_of_actors, train.number_of_learners, train.gpus_per_actor) == (3, 1, 1.0)
     assert train.run_name.startswith("distrl-") and train.prompt_template == str(template.resolve())
     assert train.lora_target_modules == ("q_proj",)
     assert (learn.number_of_actors, rollout.number_of_actors) == (1, 1)  # unset counts: 1
-    assert buffer.run_dir == str(tmp_path) and buffer.k == 2
+    assert buffer.run_dir == str(tmp_path) and kept_per_group(buffer.keep, buffer.batch) == 2
 
 
 def test_cross_section_rules_hold_where_both_sections_are():

@@ -157,13 +157,12 @@ def test_eval_flags_are_checked():
 
 
 def test_periodic_eval_schedule(tmp_path):
-    from types import SimpleNamespace
 
     from distrl.rollout.evaluation import PeriodicEval
 
     log = tmp_path / "eval.jsonl"
     log.write_text('{"version": 0}\n{"version": 3}\n')  # a resumed run: these are not evaluated again
-    ev = PeriodicEval(SimpleNamespace(eval_every=3), ArithTask(), [], log)
+    ev = PeriodicEval(3, ArithTask(), [], log)
     assert ev.done == {0, 3}
     assert [v for v in range(10) if ev.due(v)] == [6, 9]
     assert ev.due(7, final=True) and not ev.due(3, final=True)

@@ -4,7 +4,6 @@ pass), and the run's CURVE keys it carries, over a real authenticated buffer soc
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ import pytest
 import tyro
 
 from distrl.cmd.cli import COMMANDS
+from distrl.cmd.compose import flat_fields
 from distrl.cmd.config import RolloutConfig, TrainConfig
 from distrl.cmd.join import expand_join, join_keys, train_join_info
 from distrl.core.buffer_client import BufferClient
@@ -22,7 +22,7 @@ from tests.unit.test_buffer_server import serving
 
 ENDPOINTS = SimpleNamespace(buffer="tcp://127.0.0.1:7001", weights_pub="tcp://127.0.0.1:7002",
                             weights_latest="tcp://127.0.0.1:7003")
-FLAGS = [f.name for f in dataclasses.fields(RolloutConfig)]
+FLAGS = [f.name for f in flat_fields(RolloutConfig)]
 
 
 def rollout(*flags: str) -> RolloutConfig:

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from distrl.cmd.config import TrainConfig
+from distrl.cmd.assemble import learner_sections
+from distrl.cmd.config import TrainConfig, loss_aggregation
 from distrl.learn.distributed import init_distributed_from_env
 from distrl.learn.learner import Learner, loss_config
 from distrl.learn.optim import lr_factor
@@ -30,7 +31,7 @@ def tiny(tmp_path_factory):
 
 def learner(tiny, **kw) -> Learner:
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=8, **kw)
-    return Learner(cfg, 0, 1, ADDRESS, tiny)
+    return Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
 
 
 def batch(seed=0) -> pa.Table:
@@ -55,15 +56,15 @@ def test_micro_batches_equal_full_batch_on_the_model(tiny, aggregation):
                   learner_chunk_size=12)
     table = batch()
     lrn.train_step(batch(seed=1))
-    lrn.cfg.learner_chunk_size = 12
+    lrn.learn.learner_chunk_size = 12
     full = grads(lrn, table)
     for chunk in (1, 5):
-        lrn.cfg.learner_chunk_size = chunk
+        lrn.learn.learner_chunk_size = chunk
         for f, m in zip(full, grads(lrn, table)):
             torch.testing.assert_close(m, f, atol=1e-6, rtol=1e-4)
-    lrn.cfg.learner_chunk_size = None  # by token budget: rows taken widest first (batch.widest_first)
+    lrn.learn.learner_chunk_size = None  # by token budget: rows taken widest first (batch.widest_first)
     for budget in (9, 30):
-        lrn.cfg.learner_chunk_tokens = budget
+        lrn.learn.learner_chunk_tokens = budget
         for f, m in zip(full, grads(lrn, table)):
             torch.testing.assert_close(m, f, atol=1e-6, rtol=1e-4)
     assert sum(float(f.abs().sum()) for f in full) > 0
@@ -154,16 +155,17 @@ def test_load_in_4bit_refused_on_cpu(tiny):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     with pytest.raises(RuntimeError, match="--load_in_4bit needs an NVIDIA GPU"):
-        Learner(TrainConfig(model=tiny, load_in_4bit=True), 0, 1, ADDRESS, tiny)
+        Learner(*learner_sections(TrainConfig(model=tiny, load_in_4bit=True)), 0, 1, ADDRESS, tiny)
 
 
 def test_loss_config_from_flags():
     cfg = TrainConfig(learner="dr_grpo", clip_eps_high=0.28, off_policy="tis", is_level="sequence", is_cap=3.0)
-    lc = loss_config(cfg)
+    lc = loss_config(cfg.learn, cfg.shared)
     assert lc.kind == "grpo" and (lc.clip_eps_low, lc.clip_eps_high) == (0.2, 0.28)
     assert (lc.off_policy.method, lc.off_policy.level, lc.off_policy.cap) == ("tis", "sequence", 3.0)
-    assert cfg.aggregation == "sequence-mean-token-sum-norm" and cfg.advantage_estimator == "dr_grpo"
-    assert TrainConfig().aggregation == "token-mean"
+    assert loss_aggregation(cfg.learn, cfg.shared) == "sequence-mean-token-sum-norm"
+    assert cfg.shared.advantage_estimator == "dr_grpo"
+    assert loss_aggregation(TrainConfig().learn, TrainConfig().shared) == "token-mean"
 
 
 def test_lr_schedule_by_hand():

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch._dynamo.utils as dynamo_utils
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.rows import table_from_rows
 from distrl.learn.learner import Learner
@@ -49,10 +50,10 @@ def graphs_after(lrn: Learner) -> list[int]:
 def test_no_recompile_after_the_warm_up(tiny, pack_tokens, flags):  # noqa: F811
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
                       learner_chunk_size=16, learner_pack_tokens=pack_tokens, **flags)
-    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    lrn = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
-    compile_layers(lrn.model, packed=pack_tokens > 0, kl=lrn.cfg.kl_coef > 0, backend="eager")
+    compile_layers(lrn.model, packed=pack_tokens > 0, kl=lrn.learn.kl_coef > 0, backend="eager")
     warm = dynamo_utils.counters["stats"]["unique_graphs"]
     assert warm > 0
     assert all(p.grad is None for p in lrn.params)  # the warm-up leaves no gradient behind
@@ -65,7 +66,7 @@ def test_without_the_warm_up_new_shapes_recompile(tiny):  # noqa: F811
     (no mask either way)."""
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
                       learner_chunk_size=16)
-    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    lrn = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     torch._dynamo.reset()
     dynamo_utils.counters.clear()
     for layer in lrn.body.layers:

@@ -1,6 +1,7 @@
 """The actor and learner loops as units: one actor step and one learner step of the real code (HF engine,
 transformers learner, CPU, the session's tiny Qwen2) against the in-process buffer (distrl.buffer.inprocess:
-the real GroupStore and handlers, no buffer sockets, no Ray); weights go through the real fs publisher."""
+the real GroupStore and handlers, no buffer sockets, no Ray); weights go through the real fs publisher. Each role
+gets its sections of a `distrl train` config, as distrl/cmd/assemble.py hands them out."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from distrl.buffer.inprocess import open_buffer
 from distrl.buffer.segments import read_consumed, read_segments
+from distrl.cmd.assemble import actor_sections, buffer_sections, generator_sections, learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.learn.learner import Learner
 from distrl.rollout.actor import ActorEndpoints, RolloutActor
@@ -19,10 +21,11 @@ def parts(tmp_path, qwen_tiny):
     cfg = TrainConfig(model=str(qwen_tiny), task="arith", engine="hf", backend="hf", dtype="float32", group_size=4,
                       batch_size=2, max_new_tokens=6, max_steps=1, run_name="t", log_dir=str(tmp_path),
                       attest_weights=False, weights_transport="fs", learning_rate=1e-2)
-    buffer = open_buffer(cfg, tmp_path / "buffer")
+    buffer = open_buffer(*buffer_sections(cfg), tmp_path / "buffer")
     publisher = DirectoryPublisher(tmp_path / "weights")
     endpoints = ActorEndpoints("in-process", *publisher.addresses)
-    actor = RolloutActor(cfg, 0, endpoints, str(qwen_tiny), work_dir=str(tmp_path), client=buffer.client("actor0"))
+    actor = RolloutActor(*actor_sections(cfg), 0, endpoints, str(qwen_tiny), work_dir=str(tmp_path),
+                         client=buffer.client("actor0"))
     try:
         yield dict(cfg=cfg, buffer=buffer, publisher=publisher, actor=actor, model=str(qwen_tiny), tmp=tmp_path)
     finally:
@@ -43,7 +46,7 @@ def test_one_actor_step_puts_groups_and_one_learner_step_makes_version_1(parts):
     assert {(r["policy_version"], r["last_policy_version"], r["actor_id"]) for r in rows} == {(0, 0, 0)}
     assert buffer.store.stats()["groups"] == 2
 
-    learner = Learner(parts["cfg"], 0, 1, "in-process", parts["model"], parts["publisher"],
+    learner = Learner(*learner_sections(parts["cfg"]), 0, 1, "in-process", parts["model"], parts["publisher"],
                       client=buffer.client("learner0"))
     try:
         result = learner.run()  # max_steps 1: GET version 0's batch, one optimizer step, publish version 1
@@ -68,9 +71,11 @@ def test_learner_generates_its_own_batch_through_the_in_process_buffer(tmp_path,
                       batch_size=2, max_new_tokens=6, max_steps=1, run_name="t", log_dir=str(tmp_path),
                       attest_weights=False, weights_transport="fs", number_of_actors=0, learner_generates=True)
     publisher = DirectoryPublisher(tmp_path / "weights")
-    with open_buffer(cfg, tmp_path / "buffer") as buffer:
-        learner = Learner(cfg, 0, 1, "in-process", str(qwen_tiny), publisher, client=buffer.client("learner0"))
-        generator = LearnerGenerator(cfg, 0, learner.model, buffer.client("learner0@test"), str(qwen_tiny),
+    with open_buffer(*buffer_sections(cfg), tmp_path / "buffer") as buffer:
+        learner = Learner(*learner_sections(cfg), 0, 1, "in-process", str(qwen_tiny), publisher,
+                          client=buffer.client("learner0"))
+        generator = LearnerGenerator(*generator_sections(cfg), 0, cfg.number_of_learners, learner.model,
+                                     buffer.client("learner0@test"), str(qwen_tiny),
                                      policy_version=lambda: learner.version)
         learner.while_waiting = generator.generate_once  # as build_learner wires --learner_generates
         try:

@@ -61,19 +61,22 @@ REMOVED: dict[str, dict[str, str]] = {
 
 
 def help_options(command: str, capsys, monkeypatch) -> set[str]:
-    """The option names `distrl <command> --help` prints: each `--flag` that starts a row (`--x, --no_x`
-    gives x; wrapped descriptions are indented further); a positional argument (replay's SOURCE, shown as
-    its type STR) is named ``source``."""
-    monkeypatch.setenv("COLUMNS", "200")
+    """The option names `distrl <command> --help` prints: each `--flag` that starts a row of a section's box
+    (`--x, --no_x` gives x; wrapped descriptions are indented further); a positional argument (replay's SOURCE,
+    shown as its type STR) is named ``source``."""
+    monkeypatch.setenv("COLUMNS", "80")  # one column of sections (wider terminals put them side by side)
     configs = {name: cls for name, (cls, _) in COMMANDS.items()}
     with pytest.raises(SystemExit):
         tyro.extras.subcommand_cli_from_dict(configs, args=[command, "--help"], prog="distrl", use_underscores=True)
     names = set()
     for line in capsys.readouterr().out.splitlines():
-        found = re.match(r"(?:│ |  )(--[a-z0-9_]+|[A-Z][A-Z_]+ )", line)  # a terminal's box, or plain text
-        if found and found.group(1) != "--help":
-            token = found.group(1).strip()
-            names.add(token[2:] if token.startswith("--") else "source")
+        for cell in line.split("│") if "│" in line else [line[1:]]:  # boxes (a section each, side by side)
+            # a flag's row: its type, `, --no_x` or its help follows (a section's description may start a line
+            # with a flag too: `--learner_generates, the warm start`)
+            found = re.match(r" (--[a-z0-9_]+(?=$| [A-Z{[]|, --no_|\s{2,})|[A-Z][A-Z_]+ )", cell)  # or plain text
+            if found and found.group(1) != "--help":
+                token = found.group(1).strip()
+                names.add(token[2:] if token.startswith("--") else "source")
     return names
 
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.core.rows import table_from_rows
 from distrl.learn.batch import collate, pack
@@ -81,17 +82,17 @@ def loss_and_grads(lrn: Learner, rows: list[dict]) -> tuple[float, list[torch.Te
 def test_packed_equals_padded(tiny, flags):
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=16,
                       learner="grpo", off_policy="decoupled", learner_chunk_size=16, **flags)
-    lrn = Learner(cfg, 0, 1, ADDRESS, tiny)
+    lrn = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
     rows = rows_of_mixed_lengths()
     lrn.train_step(table_from_rows(rows_of_mixed_lengths(seed=1)))  # LoRA B != 0: the adapter matters
     padded_loss, padded = loss_and_grads(lrn, rows)
     for pack_tokens in (24, 64):  # several sequences per row; 24 < longest + others forces several rows
-        lrn.cfg.learner_pack_tokens = pack_tokens
+        lrn.learn.learner_pack_tokens = pack_tokens
         packed_loss, packed = loss_and_grads(lrn, rows)
         assert packed_loss == pytest.approx(padded_loss, rel=1e-5, abs=1e-6)
         for p, q in zip(packed, padded):
             torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
-    lrn.cfg.learner_pack_tokens = 0
+    lrn.learn.learner_pack_tokens = 0
     assert sum(float(g.abs().sum()) for g in padded) > 0
     assert padded_loss != 0.0
 

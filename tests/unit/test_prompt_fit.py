@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distrl.core.errors import PreflightError
-from distrl.rollout.prompt_fit import LongPrompts, check_prompt_lengths, measure, prompt_ids
+from distrl.rollout.prompt_fit import LongPrompts, PromptSource, check_prompt_lengths, measure, prompt_ids
 from distrl.rollout.tasks import load_task
 from tests.helpers import shared_data
 
@@ -82,7 +82,8 @@ def test_check_prompt_lengths_per_policy(qwen_tiny):
     from distrl.cmd.config import TrainConfig
 
     def cfg(**kw):
-        return TrainConfig(model=str(qwen_tiny), dataset=str(MATH500), max_new_tokens=8, **kw)
+        run = TrainConfig(model=str(qwen_tiny), dataset=str(MATH500), max_new_tokens=8, **kw)
+        return PromptSource.of_run(run.prompt, run.generation, run.shared)
 
     fit = check_prompt_lengths(cfg(max_model_len=100))  # default skip
     assert fit.total == 500 and 0 < fit.long < 500 and fit.longest == 824 and fit.limit == 92

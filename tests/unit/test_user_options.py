@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+from distrl.cmd.assemble import learner_sections
 from distrl.cmd.config import TrainConfig
 from distrl.rollout.rewards import MathVerifier, UserReward, apply_truncation, timed_out
 from distrl.rollout.rollouts import samples_markdown
@@ -207,7 +208,7 @@ def _learner(tiny, **kw):
     from distrl.learn.learner import Learner
 
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", learning_rate=1e-2, max_new_tokens=8, **kw)
-    return Learner(cfg, 0, 1, "tcp://127.0.0.1:9", tiny)
+    return Learner(*learner_sections(cfg), 0, 1, "tcp://127.0.0.1:9", tiny)
 
 
 def _grads(lrn, table):
@@ -344,8 +345,8 @@ def test_learner_run_logs_idle_throughput_staleness_and_exports(tiny, tmp_path):
             c.put_many([_with_truncated(groups[0], {3})] + groups[1:])  # 1 of the 16 completions truncated
         cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_steps=2, batch_size=2, group_size=4,
                           max_staleness=1, max_new_tokens=8, learning_rate=1e-2, truncation="mask")
-        lrn = Learner(cfg, 0, 1, server.address, tiny, publisher, tb_dir=str(run_dir / "tb" / "learner0"),
-                      run_dir=run_dir)
+        lrn = Learner(*learner_sections(cfg), 0, 1, server.address, tiny, publisher,
+                      tb_dir=str(run_dir / "tb" / "learner0"), run_dir=run_dir)
         assert lrn.run()["version"] == 2
         lrn.close()
     finally:
