@@ -1,0 +1,144 @@
+"""--env (issue 44, acceptance 1, CPU): multi-turn episodes through the real actor step (HF engine in fp32, the
+session's tiny Qwen2 with the Qwen2.5 tokenizer and its chat template, the in-process buffer, real environment
+processes): one row per episode whose loss mask covers only the model's tokens and whose behavior logprobs equal a
+recomputation of the whole sequence; an environment that blocks does not hold back the other episodes' PUTs; one
+that crashes, hangs or raises ends only its episode (`actor/env_errors`). Also the calculator's safe evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrl.buffer.inprocess import open_buffer
+from distrl.buffer.segments import read_segments
+from distrl.cmd.assemble import actor_sections, buffer_sections
+from distrl.cmd.config import TrainConfig
+from distrl.rollout.actor import ActorEndpoints, RolloutActor
+from distrl.rollout.envs.calculator import Calculator, evaluate
+from distrl.rollout.envs.episodes import ObservationFormat
+from distrl.weights import DirectoryPublisher
+
+SCRIPTS = Path(__file__).with_name("env_scripts.py")
+
+
+class RecordingClient:
+    """The in-process buffer's client, recording each PUT's groups in order; ``on_put`` runs after each PUT."""
+
+    def __init__(self, client, on_put=None):
+        self.client, self.on_put, self.puts = client, on_put, []
+
+    def put_many(self, groups, *args, **kwargs):
+        acks = self.client.put_many(groups, *args, **kwargs)
+        self.puts += [g.to_pylist() for g in groups]
+        if self.on_put is not None:
+            self.on_put(self.puts)
+        return acks
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+@pytest.fixture
+def make_actor(tmp_path, qwen_tiny, monkeypatch):
+    monkeypatch.setenv("DISTRL_TEST_ENV_DIR", str(tmp_path))  # the environment processes inherit it
+    made = []
+
+    def make(env: str, on_put=None, **options):
+        settings = dict(model=str(qwen_tiny), task="arith", engine="hf", backend="hf", dtype="float32", group_size=1,
+                        batch_size=4, max_new_tokens=5, max_steps=1, run_name="t", log_dir=str(tmp_path),
+                        attest_weights=False, weights_transport="fs", env=f"{SCRIPTS}:{env}", temperature=1.0,
+                        learner="pg", pg_baseline="running_mean")
+        cfg = TrainConfig(**{**settings, **options})
+        cfg.validate()
+        buffer = open_buffer(*buffer_sections(cfg), tmp_path / "buffer")
+        publisher = DirectoryPublisher(tmp_path / "weights")
+        client = RecordingClient(buffer.client("actor0"), on_put)
+        actor = RolloutActor(*actor_sections(cfg), 0, ActorEndpoints("in-process", *publisher.addresses),
+                             str(qwen_tiny), work_dir=str(tmp_path), client=client)
+        made.append((actor, publisher, buffer))
+        return actor
+
+    yield make
+    for actor, publisher, buffer in made:
+        actor.close()
+        publisher.close()
+        buffer.close()
+
+
+def recompute_logprobs(model_dir: str, ids: list[int], temperature: float) -> torch.Tensor:
+    """(len(ids) - 1,) logprob of each token given the ones before, under softmax(logits / T), fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_actor, qwen_tiny, tmp_path):
+    actor = make_actor("Scripted", group_size=2, batch_size=2)
+    stats = actor.step(1)
+    assert stats["actor/env_errors"] == 0 and stats["actor/turns_mean"] == 3
+    rows = read_segments(tmp_path / "buffer").to_pylist()
+    assert len(rows) == 2  # one row per episode, both of one group
+    fmt = ObservationFormat(actor.engine.tokenizer, chat=True)
+    assert fmt.pieces is not None  # the Qwen2.5 template's tool turn
+    for row in rows:
+        ids, mask, ends = row["completion_ids"], row["loss_mask"], row["turn_ends"]
+        assert len(ends) == 3 and ends[-1] == len(ids) == len(mask) == len(row["behavior_logprobs"])
+        assert row["reward"] == 1.0 and row["finish_reason"] == "stop"
+        start = 0
+        for turn, end in enumerate(ends):
+            assert mask[start:end] == [1] * (end - start) and end > start  # the model's turn
+            if turn < 2:  # then the observation, formatted and tokenized on its own, out of the loss
+                stopped = ids[end - 1] if ids[end - 1] in actor.engine.stop_ids else None
+                obs = fmt.ids(f"obs{turn + 1}", stopped)
+                assert ids[end:end + len(obs)] == obs and mask[end:end + len(obs)] == [0] * len(obs)
+                assert "<tool_response>" in actor.engine.tokenizer.decode(obs)
+                start = end + len(obs)
+        sequence = row["prompt_ids"] + ids
+        recomputed = recompute_logprobs(str(qwen_tiny), sequence, row["temperature"])[len(row["prompt_ids"]) - 1:]
+        model_tokens = torch.tensor(mask, dtype=torch.bool)
+        behavior = torch.tensor(row["behavior_logprobs"])
+        torch.testing.assert_close(behavior[model_tokens], recomputed[model_tokens], atol=1e-5, rtol=0)
+        assert (behavior[~model_tokens] == 0).all()
+
+
+def test_an_environment_that_blocks_does_not_delay_the_other_episodes_puts(make_actor, tmp_path):
+    def release_after_the_others(puts):
+        if len(puts) == 3:  # every other episode's group is in the buffer: let the blocked one go
+            (tmp_path / "release").touch()
+
+    actor = make_actor("BlockOne", on_put=release_after_the_others, env_timeout_s=120.0)
+    actor.step(4)
+    blocked = [group[0]["reward_components"] for group in actor.client.puts]
+    assert len(blocked) == 4 and [dict(c)["blocked"] for c in blocked] == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_an_environment_that_crashes_hangs_or_raises_ends_only_its_episode(make_actor, tmp_path):
+    actor = make_actor("Faulty", env_timeout_s=3.0, batch_size=5)
+    stats = actor.step(5)
+    assert stats["actor/env_errors"] == 3 and actor.rollouts.episodes.errors == 3
+    rows = read_segments(tmp_path / "buffer").to_pylist()
+    assert len(rows) == 5
+    failed = [r for r in rows if r["finish_reason"] == "error"]
+    assert len(failed) == 3 and all(set(r["loss_mask"]) == {0} and r["reward"] == 0 for r in failed)
+    assert sorted(r["reward"] for r in rows if r["finish_reason"] != "error") == [1.0, 1.0]
+    assert actor.step(2)["actor/env_errors"] == 3  # the actor goes on: new episodes in fresh processes
+
+
+def test_the_calculator_evaluates_arithmetic_only():
+    assert evaluate("12 * (3 + 4) - 5") == 79 and evaluate("7 / 2") == 3.5 and evaluate("-2 ** 3") == -8
+    for bad in ("__import__('os').system('true')", "x + 1", "9 ** 9 ** 9", "1 / 0", "[1, 2]", "'a' * 3"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+    env = Calculator()
+    from distrl.rollout.rewards import Problem
+
+    env.reset(Problem("p", "12*7", "84"))
+    assert env.step("Let me compute <calc>12*7</calc>") == ("84", 0.0, False, {"calls": 1})
+    assert env.step("<calc>import os</calc>")[0] == "error"
+    observation, reward, done, _ = env.step("The answer is 84.")
+    assert observation is None and done and reward == 1.0
