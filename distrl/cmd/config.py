@@ -97,11 +97,9 @@ def actors_exist(cfg) -> None:
 
 
 def env_fits(cfg) -> None:
-    """--env (multi-turn episodes) runs on the HF engine's actors; --learner_generates makes single completions."""
+    """--env (multi-turn episodes) runs on the actors' engines; --learner_generates makes single completions."""
     if cfg.generation.env is None:
         return
-    if hasattr(cfg, "rollout") and cfg.rollout.engine != "hf":
-        raise ValueError(f"--env runs its episodes on --engine hf only for now, got --engine {cfg.rollout.engine}")
     if hasattr(cfg, "learn") and cfg.learn.learner_generates:
         raise ValueError("--learner_generates makes single completions: not available with --env yet (drop one)")
 

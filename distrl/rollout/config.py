@@ -163,7 +163,7 @@ class TaskOptions:
     `step(model_text) -> (observation | None, reward, done, info)`. It runs in child processes of each actor (one
     per live episode; JSON lines, nothing pickled); a crash or a timeout ends that episode only (TensorBoard
     `actor/env_errors`). The episode's reward is the environment's final reward (the task's reward and
-    --reward are not used). Needs --engine hf."""
+    --reward are not used)."""
     env_max_turns: int = 4
     """--env: most model turns per episode; an episode still running after them ends, cut (finish_reason
     `length`, TensorBoard `actor/env_cut`), with the reward of its last step."""

@@ -52,11 +52,12 @@ def make_actor(tmp_path, qwen_tiny, monkeypatch):
                         learner="pg", pg_baseline="running_mean")
         cfg = TrainConfig(**{**settings, **options})
         cfg.validate()
-        buffer = open_buffer(*buffer_sections(cfg), tmp_path / "buffer")
-        publisher = DirectoryPublisher(tmp_path / "weights")
+        where = tmp_path / f"actor{len(made)}"
+        buffer = open_buffer(*buffer_sections(cfg), where / "buffer")
+        publisher = DirectoryPublisher(where / "weights")
         client = RecordingClient(buffer.client("actor0"), on_put)
         actor = RolloutActor(*actor_sections(cfg), 0, ActorEndpoints("in-process", *publisher.addresses),
-                             str(qwen_tiny), work_dir=str(tmp_path), client=client)
+                             str(qwen_tiny), work_dir=str(where), client=client)
         made.append((actor, publisher, buffer))
         return actor
 
@@ -77,13 +78,29 @@ def recompute_logprobs(model_dir: str, ids: list[int], temperature: float) -> to
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_actor, qwen_tiny, tmp_path):
-    actor = make_actor("Scripted", group_size=2, batch_size=2)
+def vllm_recompute(engine, ids: list[int]) -> torch.Tensor:
+    """(len(ids) - 1,) vLLM's own logprob of each token given the ones before (prompt_logprobs, temperature 1)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
+    [out] = engine.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+    return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:])])
+
+
+@pytest.mark.parametrize("engine", ["hf", "vllm"])
+def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_actor, qwen_tiny, tmp_path, engine,
+                                                                       monkeypatch):
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the in-process engine (DESIGN.md)
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    actor = make_actor("Scripted", group_size=2, batch_size=2, engine=engine)
     stats = actor.step(1)
     assert stats["actor/env_errors"] == 0 and stats["actor/turns_mean"] == 3
-    rows = read_segments(tmp_path / "buffer").to_pylist()
+    rows = read_segments(tmp_path / "actor0" / "buffer").to_pylist()
     assert len(rows) == 2  # one row per episode, both of one group
     fmt = ObservationFormat(actor.engine.tokenizer, chat=True)
+    stop_ids = {actor.engine.tokenizer.eos_token_id, *getattr(actor.engine, "stop_ids", torch.tensor([])).tolist()}
     assert fmt.pieces is not None  # the Qwen2.5 template's tool turn
     for row in rows:
         ids, mask, ends = row["completion_ids"], row["loss_mask"], row["turn_ends"]
@@ -93,17 +110,40 @@ def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_acto
         for turn, end in enumerate(ends):
             assert mask[start:end] == [1] * (end - start) and end > start  # the model's turn
             if turn < 2:  # then the observation, formatted and tokenized on its own, out of the loss
-                stopped = ids[end - 1] if ids[end - 1] in actor.engine.stop_ids else None
+                stopped = ids[end - 1] if ids[end - 1] in stop_ids else None
                 obs = fmt.ids(f"obs{turn + 1}", stopped)
                 assert ids[end:end + len(obs)] == obs and mask[end:end + len(obs)] == [0] * len(obs)
                 assert "<tool_response>" in actor.engine.tokenizer.decode(obs)
                 start = end + len(obs)
         sequence = row["prompt_ids"] + ids
-        recomputed = recompute_logprobs(str(qwen_tiny), sequence, row["temperature"])[len(row["prompt_ids"]) - 1:]
+        if engine == "hf":
+            recomputed = recompute_logprobs(str(qwen_tiny), sequence, row["temperature"])
+        else:  # vLLM-CPU: against its own recomputation
+            recomputed = vllm_recompute(actor.engine, sequence)
+        recomputed = recomputed[len(row["prompt_ids"]) - 1:]
         model_tokens = torch.tensor(mask, dtype=torch.bool)
         behavior = torch.tensor(row["behavior_logprobs"])
-        torch.testing.assert_close(behavior[model_tokens], recomputed[model_tokens], atol=1e-5, rtol=0)
+        atol = 1e-5 if engine == "hf" else 1e-4
+        torch.testing.assert_close(behavior[model_tokens], recomputed[model_tokens], atol=atol, rtol=0)
         assert (behavior[~model_tokens] == 0).all()
+
+
+def test_vllm_and_the_hf_engine_play_equal_greedy_episodes(make_actor, monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    episodes = {}
+    for engine in ("hf", "vllm"):
+        actor = make_actor("Scripted", engine=engine, max_new_tokens=4)
+        problems, _, prompts = zip(*(next(actor.rollouts.problems) for _ in range(2)))  # the same stream each
+        groups = actor.rollouts.episodes.run(list(problems), list(prompts), 1, 0.0)  # temperature 0: greedy
+        episodes[engine] = sorted((i, result.completions[0]) for ended in groups for i, result in ended)
+    assert len(episodes["hf"]) == 2
+    for (i, hf), (j, vllm) in zip(episodes["hf"], episodes["vllm"], strict=True):
+        assert i == j and len(hf.turn_ends) == 3 and hf.reward == 1.0
+        for name in ("prompt_ids", "token_ids", "turn_ends", "loss_mask", "reward", "finish_reason"):
+            assert getattr(hf, name) == getattr(vllm, name), name
+        torch.testing.assert_close(torch.tensor(hf.logprobs), torch.tensor(vllm.logprobs), atol=1e-4, rtol=0)
 
 
 def test_an_environment_that_blocks_does_not_delay_the_other_episodes_puts(make_actor, tmp_path):
@@ -121,7 +161,7 @@ def test_an_environment_that_crashes_hangs_or_raises_ends_only_its_episode(make_
     actor = make_actor("Faulty", env_timeout_s=3.0, batch_size=5)
     stats = actor.step(5)
     assert stats["actor/env_errors"] == 3 and actor.rollouts.episodes.errors == 3
-    rows = read_segments(tmp_path / "buffer").to_pylist()
+    rows = read_segments(tmp_path / "actor0" / "buffer").to_pylist()
     assert len(rows) == 5
     failed = [r for r in rows if r["finish_reason"] == "error"]
     assert len(failed) == 3 and all(set(r["loss_mask"]) == {0} and r["reward"] == 0 for r in failed)
