@@ -182,3 +182,21 @@ def test_the_calculator_evaluates_arithmetic_only():
     assert env.step("<calc>import os</calc>")[0] == "error"
     observation, reward, done, _ = env.step("The answer is 84.")
     assert observation is None and done and reward == 1.0
+
+
+def test_a_turn_is_cut_after_its_stop_string_and_observations_are_formatted():
+    from transformers import AutoTokenizer
+
+    from distrl.rollout.envs.episodes import cut_at_stop
+    from tests.helpers import shared_data
+
+    tok = AutoTokenizer.from_pretrained(shared_data() / "tokenizers" / "qwen2.5")
+    ids = tok("I will compute <calc>12*7</calc> and then more words", add_special_tokens=False)["input_ids"]
+    k = cut_at_stop(tok, ids, ("</calc>",))
+    assert tok.decode(ids[:k]).endswith("</calc>") and "</calc>" not in tok.decode(ids[:k - 1])
+    assert cut_at_stop(tok, ids, ("<nothing>",)) is None and cut_at_stop(tok, ids, ()) is None
+    assert ObservationFormat(tok, chat=False).ids("84", None) == tok("84", add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    after_stop = tok.decode(ObservationFormat(tok, chat=True).ids("84", end))
+    assert after_stop == "\n<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(ObservationFormat(tok, chat=True).ids("84", None)).startswith("<|im_end|>\n<|im_start|>user")
