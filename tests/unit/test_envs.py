@@ -59,6 +59,7 @@ def make_actor(tmp_path, qwen_tiny, monkeypatch):
         actor = RolloutActor(*actor_sections(cfg), 0, ActorEndpoints("in-process", *publisher.addresses),
                              str(qwen_tiny), work_dir=str(where), client=client)
         made.append((actor, publisher, buffer))
+        actor.parts = dict(cfg=cfg, publisher=publisher, buffer=buffer)
         return actor
 
     yield make
@@ -66,6 +67,20 @@ def make_actor(tmp_path, qwen_tiny, monkeypatch):
         actor.close()
         publisher.close()
         buffer.close()
+
+
+def learner_step(actor, model_dir: str, table) -> tuple[dict, dict]:
+    """The real Learner's batch totals and one optimizer step on ``table`` (rows the actor PUT)."""
+    from distrl.cmd.assemble import learner_sections
+    from distrl.learn.learner import Learner
+
+    parts = actor.parts
+    learner = Learner(*learner_sections(parts["cfg"]), 0, 1, "in-process", model_dir, parts["publisher"],
+                      client=parts["buffer"].client("learner0"))
+    try:
+        return learner.prepare(table)[2], learner.train_step(table)
+    finally:
+        learner.close()
 
 
 def recompute_logprobs(model_dir: str, ids: list[int], temperature: float) -> torch.Tensor:
@@ -95,10 +110,10 @@ def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_acto
         monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the in-process engine (DESIGN.md)
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     actor = make_actor("Scripted", group_size=2, batch_size=2, engine=engine)
-    stats = actor.step(1)
+    stats = actor.step(2)
     assert stats["actor/env_errors"] == 0 and stats["actor/turns_mean"] == 3
     rows = read_segments(tmp_path / "actor0" / "buffer").to_pylist()
-    assert len(rows) == 2  # one row per episode, both of one group
+    assert len(rows) == 4  # one row per episode, two groups of two
     fmt = ObservationFormat(actor.engine.tokenizer, chat=True)
     stop_ids = {actor.engine.tokenizer.eos_token_id, *getattr(actor.engine, "stop_ids", torch.tensor([])).tolist()}
     assert fmt.pieces is not None  # the Qwen2.5 template's tool turn
@@ -126,6 +141,9 @@ def test_a_three_turn_episode_is_one_row_with_model_tokens_in_the_loss(make_acto
         atol = 1e-5 if engine == "hf" else 1e-4
         torch.testing.assert_close(behavior[model_tokens], recomputed[model_tokens], atol=atol, rtol=0)
         assert (behavior[~model_tokens] == 0).all()
+    if engine == "hf":  # the learner counts and trains the episodes' model tokens only
+        totals, _ = learner_step(actor, str(qwen_tiny), read_segments(tmp_path / "actor0" / "buffer"))
+        assert totals["tokens"] == sum(sum(r["loss_mask"]) for r in rows) < sum(len(r["loss_mask"]) for r in rows)
 
 
 def test_vllm_and_the_hf_engine_play_equal_greedy_episodes(make_actor, monkeypatch):
@@ -167,6 +185,9 @@ def test_an_environment_that_crashes_hangs_or_raises_ends_only_its_episode(make_
     assert len(failed) == 3 and all(set(r["loss_mask"]) == {0} and r["reward"] == 0 for r in failed)
     assert sorted(r["reward"] for r in rows if r["finish_reason"] != "error") == [1.0, 1.0]
     assert actor.step(2)["actor/env_errors"] == 3  # the actor goes on: new episodes in fresh processes
+    table = read_segments(tmp_path / "actor0" / "buffer")  # 7 rows: the 3 errors' count no loss token
+    totals, _ = learner_step(actor, actor.parts["cfg"].model, table)
+    assert totals["tokens"] == sum(sum(r["loss_mask"]) for r in table.to_pylist() if r["finish_reason"] != "error") > 0
 
 
 def test_the_calculator_evaluates_arithmetic_only():
