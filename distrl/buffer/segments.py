@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from distrl.buffer.groups import as_batch
-from distrl.core.rows import COMPLETION_SCHEMA, LEGACY_SCHEMA, upgrade
+from distrl.core.rows import COMPLETION_SCHEMA, readable_schema, upgrade
 
 SEGMENT_DIR = "segments"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # Arrow IPC: continuation marker, length 0
@@ -258,9 +258,9 @@ def _read_source(f, path: Path, header_only: bool = False) -> tuple[dict, list[p
         reader = pa.ipc.open_stream(f)
     except (pa.ArrowInvalid, OSError, EOFError):
         return {}, batches  # crashed before the schema was complete
-    legacy = reader.schema.equals(LEGACY_SCHEMA)  # written before the weight stamps: read with null stamps
-    if not (legacy or reader.schema.equals(COMPLETION_SCHEMA)):
+    if not readable_schema(reader.schema):
         raise ValueError(f"{path} does not hold distrl.core.rows.COMPLETION_SCHEMA rows")
+    legacy = not reader.schema.equals(COMPLETION_SCHEMA)  # written before stamps or turns: read with those null
     metadata = dict(reader.schema.metadata or {})
     while not header_only:
         try:
@@ -401,7 +401,7 @@ def lineage(directory: str | os.PathLike) -> pa.Table:
     ids = table.column("sample_id").to_pylist()
     recorded = table.column("policy_version").to_pylist()
     uses = [trained.get(sid, []) for sid in ids]
-    out = table.drop_columns(["prompt_ids", "completion_ids", "behavior_logprobs"])
+    out = table.drop_columns(["prompt_ids", "completion_ids", "behavior_logprobs", "turn_ends", "loss_mask"])
     out = out.append_column("seq", pa.chunked_array(seqs, pa.int64()))
     out = out.append_column("completion_tokens", pc.list_value_length(table.column("completion_ids")))
     out = out.append_column("trained_versions", pa.array([[v for v, _ in u] for u in uses], pa.list_(pa.int64())))

@@ -96,6 +96,14 @@ def actors_exist(cfg) -> None:
                          "(--number_of_actors 0)")
 
 
+def env_fits(cfg) -> None:
+    """--env (multi-turn episodes) runs on the actors' engines; --learner_generates makes single completions."""
+    if cfg.generation.env is None:
+        return
+    if hasattr(cfg, "learn") and cfg.learn.learner_generates:
+        raise ValueError("--learner_generates makes single completions: not available with --env yet (drop one)")
+
+
 def learner_options_agree(cfg) -> None:
     learn, shared = cfg.learn, cfg.shared
     if learn.pg_baseline == "running_mean" and shared.learner != "pg":
@@ -134,7 +142,7 @@ def train_makes_its_keys(cfg) -> None:
 
 
 @composed(actors_exist, learners_share_the_batch, topk_fits_group, learner_options_agree, groups_give_advantages,
-          train_makes_its_keys, settle=settle_roles)
+          train_makes_its_keys, env_fits, settle=settle_roles)
 @dataclass
 class TrainConfig:
     """Asynchronous RL fine-tuning: rollout actors -> replay buffer -> learners -> weights by version."""
@@ -169,7 +177,8 @@ class LearnEndpoints:
     """Where rank 0 answers LATEST and FETCH (ZMQ ROUTER); actors connect with `--weights_endpoint`."""
 
 
-@composed(actors_exist, learners_share_the_batch, learner_options_agree, groups_give_advantages, settle=settle_roles)
+@composed(actors_exist, learners_share_the_batch, learner_options_agree, groups_give_advantages, env_fits,
+          settle=settle_roles)
 @dataclass
 class LearnConfig:
     """One learner rank as a plain process (`distrl learn`), wired to the buffer by ZMQ address only.
@@ -228,7 +237,7 @@ def prepare_join(cfg) -> None:
         apply_join(cfg)
 
 
-@composed(actors_exist, settle=settle_roles, prepare=prepare_join)
+@composed(actors_exist, env_fits, settle=settle_roles, prepare=prepare_join)
 @dataclass
 class RolloutConfig:
     """One rollout actor as a plain process (`distrl rollout`), wired by ZMQ addresses only.

@@ -16,7 +16,8 @@ import pyarrow as pa
 
 from distrl.core.errors import WireError
 
-# One row per completion. Lists are per token of the completion unless named prompt_*.
+# One row per completion (an environment's episode: one row, its turns and observations in completion_ids).
+# Lists are per token of the completion unless named prompt_* or turn_*.
 COMPLETION_SCHEMA = pa.schema(
     [
         pa.field("sample_id", pa.string(), nullable=False),  # unique per completion; duplicates dropped
@@ -42,25 +43,43 @@ COMPLETION_SCHEMA = pa.schema(
         pa.field("served_versions", pa.list_(pa.int64())),
         pa.field("weights_digests", pa.list_(pa.string())),  # the verified digest of each loaded payload
         pa.field("canary_logprobs", pa.list_(pa.float64())),  # the engine's canary logprob, nats/token
+        # Multi-turn episodes (distrl.rollout.envs); null: a single-turn completion, every token the model's.
+        # turn_ends: per model turn, the end (exclusive) of its generated tokens in completion_ids; the tokens
+        # between one turn's end and the next turn's start are the environment's observation.
+        pa.field("turn_ends", pa.list_(pa.int32())),
+        # loss_mask: per completion token, 1 where the model generated it (in the loss), 0 where the
+        # environment wrote it (an observation: out of the loss, its behavior logprob 0).
+        pa.field("loss_mask", pa.list_(pa.int8())),
     ]
 )
 STAMP_COLUMNS = ("served_versions", "weights_digests", "canary_logprobs")  # optional in table_from_rows
-LEGACY_SCHEMA = pa.schema([f for f in COMPLETION_SCHEMA if f.name not in STAMP_COLUMNS])  # before stamps
+TURN_COLUMNS = ("turn_ends", "loss_mask")  # optional in table_from_rows
+OPTIONAL_COLUMNS = STAMP_COLUMNS + TURN_COLUMNS
+STAMPED_SCHEMA = pa.schema([f for f in COMPLETION_SCHEMA if f.name not in TURN_COLUMNS])  # before turns
+LEGACY_SCHEMA = pa.schema([f for f in STAMPED_SCHEMA if f.name not in STAMP_COLUMNS])  # before stamps
+OLD_SCHEMAS = (LEGACY_SCHEMA, STAMPED_SCHEMA)  # what older segment logs hold; read as COMPLETION_SCHEMA
+
+
+def readable_schema(schema: pa.Schema) -> bool:
+    """Whether a segment log of ``schema`` reads as COMPLETION_SCHEMA rows (this one or an older one)."""
+    return schema.equals(COMPLETION_SCHEMA) or any(schema.equals(old) for old in OLD_SCHEMAS)
 
 
 def upgrade(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A record batch of :data:`LEGACY_SCHEMA` (segment logs written before stamps) as COMPLETION_SCHEMA,
-    its stamp columns null; a batch of COMPLETION_SCHEMA is returned as it is."""
+    """A record batch of an older schema (:data:`LEGACY_SCHEMA`: before stamps; :data:`STAMPED_SCHEMA`:
+    before turns) as COMPLETION_SCHEMA, the columns it lacks null; a batch of COMPLETION_SCHEMA is returned as
+    it is. Every newer column is optional and appended at the end, so an old batch is a prefix of the schema."""
     if batch.schema.equals(COMPLETION_SCHEMA):
         return batch
-    nulls = [pa.nulls(batch.num_rows, COMPLETION_SCHEMA.field(name).type) for name in STAMP_COLUMNS]
+    missing = COMPLETION_SCHEMA.names[batch.num_columns:]
+    nulls = [pa.nulls(batch.num_rows, COMPLETION_SCHEMA.field(name).type) for name in missing]
     return pa.RecordBatch.from_arrays(list(batch.columns) + nulls, schema=COMPLETION_SCHEMA)
 
 
 def table_from_rows(rows: list[dict[str, Any]]) -> pa.Table:
     """Build a completion table from dicts keyed by the schema's field names (KeyError if one is missing;
-    the stamp columns may be left out: null)."""
-    columns = {f.name: [row[f.name] if f.name not in STAMP_COLUMNS else row.get(f.name) for row in rows]
+    the stamp and turn columns may be left out: null)."""
+    columns = {f.name: [row[f.name] if f.name not in OPTIONAL_COLUMNS else row.get(f.name) for row in rows]
                for f in COMPLETION_SCHEMA}
     return pa.Table.from_pydict(columns, schema=COMPLETION_SCHEMA)
 

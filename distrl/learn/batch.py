@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "micro_batches", "pack", "widest_first"]
+__all__ = ["MicroBatch", "collate", "list_column", "list_lengths", "loss_mask", "loss_tokens", "micro_batches", "pack",
+           "widest_first"]
 
 
 @dataclass
@@ -77,6 +78,31 @@ def list_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     return list_lengths(table, name), pc.list_flatten(table.column(name)).to_numpy()
 
 
+def loss_mask(table: pa.Table, c_len: np.ndarray | None = None) -> np.ndarray:
+    """(N,) float32, flattened like ``completion_ids``: 1 for a token the model generated (in the loss), 0 for an
+    environment's observation token. A row whose ``loss_mask`` is null (single-turn rows, logs written before
+    turns) is all ones. ``c_len`` (b,): the rows' completion lengths (read when None). Raises ValueError when a
+    row's mask and completion differ in length."""
+    c_len = list_lengths(table, "completion_ids") if c_len is None else c_len
+    out = np.ones(int(c_len.sum()), dtype=np.float32)
+    if "loss_mask" not in table.column_names or table.column("loss_mask").null_count == table.num_rows:
+        return out
+    column = table.column("loss_mask")
+    m_len = pc.list_value_length(column).fill_null(-1).to_numpy().astype(np.int64)  # -1: null (all ones)
+    given = m_len >= 0
+    if not np.array_equal(m_len[given], c_len[given]):
+        raise ValueError("a row's loss_mask must have one value per completion token")
+    out[np.repeat(given, c_len)] = pc.list_flatten(column).to_numpy()
+    return out
+
+
+def loss_tokens(table: pa.Table) -> np.ndarray:
+    """(b,) int64: each row's completion tokens in the loss (:func:`loss_mask`'s ones): its generated tokens."""
+    c_len = list_lengths(table, "completion_ids")
+    mask = loss_mask(table, c_len)
+    return np.bincount(np.repeat(np.arange(len(c_len)), c_len), weights=mask, minlength=len(c_len)).astype(np.int64)
+
+
 def _cells(lengths: np.ndarray, first: np.ndarray | int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(row, column) of each flattened list value: value j of row i sits at (i, first[i] + j); (N,) each."""
     rows = np.repeat(np.arange(len(lengths)), lengths)
@@ -118,7 +144,8 @@ def widest_first(table: pa.Table) -> np.ndarray:
 
 def collate(table: pa.Table, pad_id: int, advantages: Optional[np.ndarray] = None) -> MicroBatch:
     """A MicroBatch of the b completions of ``table`` (at least the columns ``prompt_ids``,
-    ``completion_ids``, ``behavior_logprobs`` and ``advantage`` of distrl.core.rows.COMPLETION_SCHEMA).
+    ``completion_ids``, ``behavior_logprobs`` and ``advantage`` of distrl.core.rows.COMPLETION_SCHEMA; with
+    ``loss_mask``, an episode's observation tokens get mask 0: :func:`loss_mask`).
 
     ``advantages`` (b,), one per row, replaces the rows' own ``advantage`` (a learner-state baseline);
     rounded to float32. Raises ValueError on an empty table, a row without prompt tokens, or a row whose
@@ -137,7 +164,8 @@ def collate(table: pa.Table, pad_id: int, advantages: Optional[np.ndarray] = Non
     seq[c_rows, c_cols] = completion
     valid = np.arange(width) < n[:, None]  # (b, L-1)
     mask = np.zeros((b, width), dtype=np.float32)
-    mask[c_rows, c_cols - 1] = 1.0  # completion token j is predicted at position p - 1 + j
+    mask[c_rows, c_cols - 1] = loss_mask(table, c_len)  # completion token j is predicted at position p - 1 + j;
+    # an observation token (an environment's, loss_mask 0) is not: out of the loss, the head never runs on it
     behavior_lp = np.zeros((b, width), dtype=np.float32)
     behavior_lp[c_rows, c_cols - 1] = behavior
     adv = table.column("advantage").to_numpy() if advantages is None else advantages

@@ -49,7 +49,7 @@ from distrl.core.metrics import Metrics
 from distrl.core.run_options import SharedOptions, StalenessOptions
 from distrl.core.startup import mark
 from distrl.learn.baseline import RunningMeanBaseline
-from distrl.learn.batch import MicroBatch, collate, list_lengths, micro_batches, pack, widest_first
+from distrl.learn.batch import MicroBatch, collate, loss_tokens, micro_batches, pack, widest_first
 from distrl.learn.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, save_checkpoint
 from distrl.learn.config import LearnOptions, aggregation_in_effect
 from distrl.learn.distributed import all_reduce_grads, all_reduce_sum, broadcast_params, init_distributed_from_env
@@ -203,7 +203,7 @@ class Learner:
         loss = self.in_loss(table)  # --truncation mask: truncated completions get no loss
         advantages = table.column("advantage").to_numpy().astype(np.float64)
         rewards = table.column("reward").to_numpy().astype(np.float64).tolist()
-        tokens = int(list_lengths(table, "completion_ids")[loss].sum())
+        tokens = int(loss_tokens(table)[loss].sum())  # generated tokens: an episode's observations count nowhere
         nonzero = int(np.count_nonzero(advantages[loss]))
         # Python's sum, in row order: the same float as summing the rows one by one
         n_tok, n_seq, r_sum, n_nonzero, n_rows = all_reduce_sum([tokens, int(loss.sum()), sum(rewards), nonzero,

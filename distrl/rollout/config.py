@@ -14,30 +14,33 @@ from pathlib import Path
 from typing import Literal, Optional
 
 TASKS = ("arith", "gsm8k", "math500", "half_vocab")
+BUILTIN_ENVS = ("calculator",)  # distrl/rollout/envs/
 
 
 
-def check_reward_spec(spec: str) -> tuple[str, str]:
-    """Split --reward `module:function` or `path/file.py:function` into (module or file, function name).
+def check_reward_spec(spec: str, flag: str = "--reward") -> tuple[str, str]:
+    """Split --reward `module:function` or `path/file.py:function` into (module or file, function name); the
+    same for --env's `module:Class` (``flag``).
 
     Checks the form, that a file exists, or that a module can be found (without running it).
-    Raises ValueError naming --reward otherwise.
+    Raises ValueError naming ``flag`` otherwise.
     """
     import importlib.util
 
     module, sep, func = spec.rpartition(":")
     if not sep or not module or not func.isidentifier():
-        raise ValueError(f"--reward must be module:function or path/to/file.py:function, got {spec!r}")
+        what = "function" if flag == "--reward" else "Class"
+        raise ValueError(f"{flag} must be module:{what} or path/to/file.py:{what}, got {spec!r}")
     if module.endswith(".py"):
         if not Path(module).expanduser().is_file():
-            raise ValueError(f"--reward {spec}: no such file {module}")
+            raise ValueError(f"{flag} {spec}: no such file {module}")
         return module, func
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError) as exc:  # a parent package that does not import
-        raise ValueError(f"--reward {spec}: cannot find module {module} ({exc})") from exc
+        raise ValueError(f"{flag} {spec}: cannot find module {module} ({exc})") from exc
     if found is None:
-        raise ValueError(f"--reward {spec}: no module named {module!r} (is it on PYTHONPATH? or give a "
+        raise ValueError(f"{flag} {spec}: no module named {module!r} (is it on PYTHONPATH? or give a "
                          f"path/to/file.py:{func})")
     return module, func
 
@@ -153,14 +156,36 @@ class TaskOptions:
     max_num_seqs: Optional[int] = None
     """Most completions an actor's engine decodes at once: the HF engine's slots (unset: every completion
     of a generate call), vLLM's max_num_seqs (unset: vLLM's default)."""
+    env: Optional[str] = None
+    """Multi-turn episodes with an environment instead of single completions (docs/environments.md): a built-in
+    (`calculator`: the model writes `<calc>EXPR</calc>`, the value comes back) or your own class,
+    `module:Class` or `path/to/file.py:Class`, with `reset(problem) -> first observation` and
+    `step(model_text) -> (observation | None, reward, done, info)`. It runs in child processes of each actor (one
+    per live episode; JSON lines, nothing pickled); a crash or a timeout ends that episode only (TensorBoard
+    `actor/env_errors`). The episode's reward is the environment's final reward (the task's reward and
+    --reward are not used)."""
+    env_max_turns: int = 4
+    """--env: most model turns per episode; an episode still running after them ends, cut (finish_reason
+    `length`, TensorBoard `actor/env_cut`), with the reward of its last step."""
+    env_timeout_s: float = 10.0
+    """--env: seconds one reset or step call may take; past it the environment's process is killed and the
+    episode ends with an error (`actor/env_errors`)."""
+    env_max_tokens: Optional[int] = None
+    """--env: most completion tokens per episode, the model's and the observations' (each model turn gets at most
+    --max_new_tokens of them); an episode that reaches it or --max_model_len ends, cut (`actor/env_cut`).
+    Unset: --max_model_len only."""
 
     def resolve(self) -> None:
-        """A --reward file becomes an absolute path, so that roles started elsewhere (Ray workers, another
-        directory) find it; raises ValueError on a bad --reward."""
+        """A --reward or --env file becomes an absolute path, so that roles started elsewhere (Ray workers,
+        another directory) find it; raises ValueError on a bad --reward or --env."""
         if self.reward is not None:
             module, func = check_reward_spec(self.reward)
             if module.endswith(".py"):
                 self.reward = f"{Path(module).expanduser().resolve()}:{func}"
+        if self.env is not None and self.env not in BUILTIN_ENVS:
+            module, name = check_reward_spec(self.env, "--env")
+            if module.endswith(".py"):
+                self.env = f"{Path(module).expanduser().resolve()}:{name}"
 
     def check(self) -> None:
         """Raise ValueError naming the first bad task option (the --reward module is imported by the actors,
@@ -182,6 +207,21 @@ class TaskOptions:
             raise ValueError(f"--max_num_seqs must be >= 1 or unset, got {self.max_num_seqs}")
         if self.eval_size < 1:
             raise ValueError(f"--eval_size must be >= 1, got {self.eval_size}")
+        self._check_env()
+
+    def _check_env(self) -> None:
+        if self.env is None:
+            return
+        if self.env not in BUILTIN_ENVS:
+            check_reward_spec(self.env, "--env")
+        if self.eval_every:
+            raise ValueError("--eval_every evaluates single completions: not available with --env yet (drop one)")
+        if self.env_max_turns < 1:
+            raise ValueError(f"--env_max_turns must be >= 1, got {self.env_max_turns}")
+        if not self.env_timeout_s > 0:
+            raise ValueError(f"--env_timeout_s must be > 0, got {self.env_timeout_s}")
+        if self.env_max_tokens is not None and self.env_max_tokens < 1:
+            raise ValueError(f"--env_max_tokens must be >= 1 or unset, got {self.env_max_tokens}")
 
 
 @dataclass

@@ -9,6 +9,10 @@ rows stamped with the policy version served (``version``, read at each use: the 
 their buffer granted credits; the actor also passes ``between_steps`` (``--inflight_update``: new weights between
 decode steps) and ``on_boundary`` (load the newer version after an aborted call).
 
+With ``--env`` a completion is an episode: :class:`distrl.rollout.envs.episodes.EpisodeRunner` plays its turns with
+the engine and the environment, its row carries ``turn_ends`` and ``loss_mask``, and its reward is the
+environment's final reward (an episode ended by an environment's error gets no advantage).
+
 A group's completions carry the version of its first token (``policy_version``) and of its last
 (``last_policy_version``: they differ only with ``--inflight_update finish``; an engine that records no
 per-completion versions gives the call's start and the version served when the group ended).
@@ -116,6 +120,13 @@ class Rollouts:
         self.tokens = 0  # completion tokens generated
         self.reward_timeouts = 0  # completions whose reward ran past its time limit and scored 0
         self._samples_version = -1  # last policy version whose samples were logged (actor 0)
+        self.episodes = None  # --env: the episode loop (distrl.rollout.envs.episodes)
+        if generation.env is not None:
+            from distrl.rollout.envs.episodes import EpisodeRunner
+
+            chat = task.chat != "off" and bool(getattr(engine.tokenizer, "chat_template", None))
+            self.episodes = EpisodeRunner(engine, generation, shared.max_new_tokens, chat)
+            self.episodes.check(next(task.problems(seed=0)))  # a bad --env fails here, not mid-run
 
     def skip(self, used: int) -> None:
         """Skip the first ``used`` problems of the stream (a resumed actor's acknowledged groups used them), so
@@ -139,7 +150,7 @@ class Rollouts:
         self.position += granted
         t0, c0 = time.time(), time.perf_counter()
         start_version, groups, results = self.version(), [], []
-        for finished in self._generate(list(prompt_ids), seed):  # PUT each group as soon as it ends
+        for finished in self._generate(list(prompt_ids), seed, problems):  # PUT each group as soon as it ends
             ended = self._make_groups(finished, problems, prompts, t0, time.perf_counter() - c0)
             self.client.put_many(ended)  # one message, acknowledged once every group is in the segment log
             groups += ended
@@ -159,9 +170,17 @@ class Rollouts:
                 "actor/inflight_versions": self.version() - start_version,
                 "actor/graph_captures": self.engine.graph_captures(),  # cumulative (engines' graph captures)
                 "rollout/long_prompts_skipped": self.long_prompts.skipped,
-                "rollout/long_prompts_truncated": self.long_prompts.truncated}
+                "rollout/long_prompts_truncated": self.long_prompts.truncated, **self._episode_stats()}
 
-    def _generate(self, prompts: list[list[int]], seed: int) -> Iterator[list[tuple[int, PromptResult, tuple]]]:
+    def _episode_stats(self) -> dict:
+        """--env: cumulative episode counts (errors: an environment's error, crash or timeout; cut: a limit)."""
+        if self.episodes is None:
+            return {}
+        e = self.episodes
+        return {"actor/env_errors": e.errors, "actor/env_cut": e.cut, "actor/turns_mean": e.turns / max(e.episodes, 1)}
+
+    def _generate(self, prompts: list[list[int]], seed: int,
+                  problems) -> Iterator[list[tuple[int, PromptResult, tuple]]]:
         """Generate with the served version, yielding each group as its last completion ends (the engine's
         ``generate_groups``): lists of (prompt index, result, (policy_version, last_policy_version)).
 
@@ -176,10 +195,16 @@ class Rollouts:
             base = start_version - self.engine.version  # 0, or the learner's version for a shared engine
             self.stamps.start(start_version, self.digest)
             done: set[int] = set()
+            if self.episodes is None:
+                calls = self.engine.generate_groups([prompts[i] for i in left], self.batch.group_size,
+                                                    self.shared.temperature, self.shared.max_new_tokens,
+                                                    between_steps=self.between_steps, seed=seed)
+            else:
+                calls = self.episodes.run([problems[i] for i in left], [prompts[i] for i in left],
+                                          self.batch.group_size, self.shared.temperature, seed=seed,
+                                          between_steps=self.between_steps)
             try:
-                for finished in self.engine.generate_groups([prompts[i] for i in left], self.batch.group_size,
-                                                            self.shared.temperature, self.shared.max_new_tokens,
-                                                            between_steps=self.between_steps, seed=seed):
+                for finished in calls:
                     done.update(left[j] for j, _ in finished)
                     yield [(left[j], result, _versions(result, base, start_version, self.version()))
                            for j, result in finished]
@@ -193,7 +218,10 @@ class Rollouts:
         """The Arrow rows of each ended group of a hand-back (``(prompt index, result, versions)``): every
         completion scored in one :attr:`rewards` call (in parallel where the scorer runs child processes)."""
         items = [(c.text, c.token_ids, problems[i]) for i, result, _ in finished for c in result.completions]
-        scored, at = self.rewards(items), 0
+        if self.episodes is not None:  # an episode's reward is its environment's
+            scored, at = [(c.reward, c.components) for _, result, _ in finished for c in result.completions], 0
+        else:
+            scored, at = self.rewards(items), 0
         timeouts = timed_out(scored)
         if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
             limit = (f"--reward_timeout_s {self.generation.reward_timeout_s}" if self.user_reward else
@@ -216,15 +244,17 @@ class Rollouts:
         comps = result.completions
         scored = [apply_truncation(r, comp, c.finish_reason, self.shared.truncation)
                   for c, (r, comp) in zip(comps, scored)]
-        rewards = [r for r, _ in scored]
-        advantages = group_advantages(rewards, self.shared.advantage_estimator)
+        advantages = _advantages([r for r, _ in scored], [c.finish_reason == "error" for c in comps],
+                                 self.shared.advantage_estimator)
         self._seq += 1
         group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
         stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
         stamp = _served_within(stamp, *versions)  # continuous batching: those this group's tokens saw
         rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=versions[0], last_policy_version=versions[1],
-                     prompt_ids=result.prompt_ids, completion_ids=c.token_ids, behavior_logprobs=c.logprobs,
+                     prompt_ids=getattr(c, "prompt_ids", None) or result.prompt_ids, completion_ids=c.token_ids,
+                     behavior_logprobs=c.logprobs, turn_ends=getattr(c, "turn_ends", None),
+                     loss_mask=getattr(c, "loss_mask", None),
                      temperature=self.shared.temperature, reward=r, reward_components=comp, advantage=a,
                      finish_reason=c.finish_reason, prompt_text=prompt_text, completion_text=c.text,
                      gen_start_time=t0, gen_seconds=gen_s)
@@ -232,11 +262,21 @@ class Rollouts:
         return table_from_rows(rows)
 
     def close(self) -> None:
-        """Close the --reward worker processes and the task's math_verify children."""
+        """Close the --reward worker processes, the task's math_verify children and the --env processes."""
+        if self.episodes is not None:
+            self.episodes.close()
         if self.user_reward is not None:
             self.user_reward.close()
         if getattr(self.task, "verifier", None) is not None:
             self.task.verifier.close()
+
+
+def _advantages(rewards: list[float], errors: list[bool], estimator: str) -> list[float]:
+    """The group's advantages over the completions not ended by an environment's error; those get 0."""
+    if not any(errors):
+        return group_advantages(rewards, estimator)
+    kept = iter(group_advantages([r for r, e in zip(rewards, errors) if not e], estimator) if not all(errors) else [])
+    return [0.0 if e else next(kept) for e in errors]
 
 
 def _versions(result: PromptResult, base: int, start_version: int, version: int) -> tuple[int, int]:
