@@ -210,20 +210,27 @@ def load_reward_function(spec: str) -> Callable:
     from distrl.rollout.config import check_reward_spec
 
     module, func = check_reward_spec(spec)
+    return import_user_callable(module, func, f"--reward {spec}", "function")
+
+
+def import_user_callable(module: str, name: str, flag: str, kind: str) -> Callable:
+    """``name`` of ``module`` (a dotted module name, or ``path/to/file.py`` loaded under a name of its own): a
+    user's --reward function or --env class. Raises ValueError starting with ``flag`` when the module does not
+    import (any error its import raises) or has no callable of that name (``kind``: what the message calls it)."""
     try:
         if module.endswith(".py"):
             path = Path(module).expanduser().resolve()
-            mod_spec = importlib.util.spec_from_file_location(f"distrl_reward_{path.stem}", path)
+            mod_spec = importlib.util.spec_from_file_location(f"distrl_user_{path.stem}", path)
             mod = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(mod)
         else:
             mod = importlib.import_module(module)
     except Exception as exc:  # ImportError, SyntaxError, or whatever the module raises on import
-        raise ValueError(f"--reward {spec}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
-    fn = getattr(mod, func, None)
-    if not callable(fn):
-        raise ValueError(f"--reward {spec}: {module} has no function {func!r}")
-    return fn
+        raise ValueError(f"{flag}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
+    found = getattr(mod, name, None)
+    if not callable(found):
+        raise ValueError(f"{flag}: {module} has no {kind} {name!r}")
+    return found
 
 
 def reward_value(value, spec: str) -> tuple[float, dict[str, float]]:

@@ -12,11 +12,8 @@ The parent (:mod:`distrl.rollout.envs.pool`) kills the process past its time lim
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import traceback
-from pathlib import Path
 
 from distrl.rollout.envs import BUILTIN
 
@@ -24,21 +21,10 @@ from distrl.rollout.envs import BUILTIN
 def load_env_class(spec: str):
     """The class of ``--env``: a built-in name, ``module:Class`` or ``path/to/file.py:Class``. Raises ValueError
     naming --env when it does not import or has no such class."""
+    from distrl.rollout.rewards import import_user_callable
+
     module, _, name = BUILTIN.get(spec, spec).rpartition(":")
-    try:
-        if module.endswith(".py"):
-            path = Path(module).expanduser().resolve()
-            mod_spec = importlib.util.spec_from_file_location(f"distrl_env_{path.stem}", path)
-            mod = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(mod)
-        else:
-            mod = importlib.import_module(module)
-    except Exception as exc:  # ImportError, SyntaxError, or whatever the module raises on import
-        raise ValueError(f"--env {spec}: importing {module} failed: {type(exc).__name__}: {exc}") from exc
-    cls = getattr(mod, name, None)
-    if not callable(cls):
-        raise ValueError(f"--env {spec}: {module} has no class {name!r}")
-    return cls
+    return import_user_callable(module, name, f"--env {spec}", "class")
 
 
 class Episode:
