@@ -90,7 +90,8 @@ def make_groups(n_groups: int, group_size: int, completion_len: int, prompt_len:
         "gen_start_time": pa.array(np.full(rows, time.time())), "gen_seconds": pa.array(np.full(rows, 0.5)),
         **stamp_columns(rows),
     }
-    table = pa.Table.from_pydict(cols, schema=COMPLETION_SCHEMA).combine_chunks()
+    table = pa.Table.from_pydict({**dict.fromkeys(COMPLETION_SCHEMA.names, [None] * rows), **cols},
+                              schema=COMPLETION_SCHEMA).combine_chunks()
     return [table.slice(g * group_size, group_size) for g in range(n_groups)]
 
 

@@ -61,7 +61,8 @@ def group_template(actor: int, count: int, n: int, completion_len: int, prompt_l
     if "served_versions" in COMPLETION_SCHEMA.names:  # the weight stamps (distrl.weights.attest): one version
         cols.update(served_versions=lists(1, (_PV + 0x20000 + gs * 256 + its).astype(np.int64)),
                     weights_digests=[["xxh3_128:" + "5e" * 16]] * rows, canary_logprobs=[[-3.912345]] * rows)
-    return pa.Table.from_pydict(cols, schema=COMPLETION_SCHEMA).combine_chunks()
+    return pa.Table.from_pydict({**dict.fromkeys(COMPLETION_SCHEMA.names, [None] * rows), **cols},
+                              schema=COMPLETION_SCHEMA).combine_chunks()
 
 
 class Body:
