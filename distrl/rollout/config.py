@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 TASKS = ("arith", "gsm8k", "math500", "half_vocab")
-BUILTIN_ENVS = ("calculator",)  # distrl/rollout/envs/
+BUILTIN_ENVS = ("calculator", "python")  # distrl/rollout/envs/
 
 
 
@@ -158,7 +158,8 @@ class TaskOptions:
     of a generate call), vLLM's max_num_seqs (unset: vLLM's default)."""
     env: Optional[str] = None
     """Multi-turn episodes with an environment instead of single completions (docs/environments.md): a built-in
-    (`calculator`: the model writes `<calc>EXPR</calc>`, the value comes back) or your own class,
+    (`calculator`: the model writes `<calc>EXPR</calc>`, the value comes back; `python`: a ```python block runs in
+    a sandbox, its output comes back; refused, exit 2, where the sandbox does not work) or your own class,
     `module:Class` or `path/to/file.py:Class`, with `reset(problem) -> first observation` and
     `step(model_text) -> (observation | None, reward, done, info)`. It runs in child processes of each actor (one
     per live episode; JSON lines, nothing pickled); a crash or a timeout ends that episode only (TensorBoard

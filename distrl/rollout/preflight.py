@@ -118,4 +118,19 @@ def check_inputs(prompt: PromptOptions, generation: TaskOptions, rollout: Rollou
     """What an actor needs besides the model: the dataset and task, the temperatures, the prompts' length."""
     check_dataset(prompt.task, prompt.dataset)
     check_temperature(rollout.engine, shared.temperature, rollout.eval_temperature)
+    check_env(generation.env)
     check_prompts(PromptSource.of_run(prompt, generation, shared))
+
+
+def check_env(env: str | None) -> None:
+    """`--env python`: its sandbox works here (:func:`distrl.rollout.envs.sandbox.probe` runs a trivial program
+    in it); code is never run unsandboxed."""
+    if env != "python":
+        return
+    from distrl.rollout.envs.sandbox import probe
+
+    reason = probe()
+    if reason is not None:
+        raise PreflightError("--env", f"python: {reason}",
+                             "run on Linux >= 5.13 with util-linux `unshare`, Landlock enabled and namespaces "
+                             "allowed (as root, or with unprivileged user namespaces on), or use another --env")

@@ -9,6 +9,8 @@ one, e.g. ``</calc>``), besides the model's stop token and ``--max_new_tokens``.
 
 - :mod:`.calculator`: the built-in ``calculator`` (``<calc>EXPR</calc>`` -> the value, evaluated over an
   ``ast`` of numbers and + - * / // % ** and parentheses only; never ``eval``).
+- :mod:`.python_env`: the built-in ``python`` (a ```` ```python ```` block -> its output, run by :mod:`.sandbox`:
+  namespaces + Landlock + an unprivileged uid + rlimits; refused where that does not work).
 - :mod:`.worker`: the child process an environment runs in (JSON lines over pipes, nothing pickled).
 - :mod:`.pool`: the actor's side: one such process per live episode, a time limit per call; a crash or a
   timeout ends only that episode.
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-BUILTIN = {"calculator": "distrl.rollout.envs.calculator:Calculator"}  # --env name -> module:Class
+BUILTIN = {"calculator": "distrl.rollout.envs.calculator:Calculator",  # --env name -> module:Class
+           "python": "distrl.rollout.envs.python_env:PythonEnv"}
 
 
 class Environment:
