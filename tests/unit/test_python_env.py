@@ -8,9 +8,11 @@ skipped."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -127,6 +129,35 @@ def test_connecting_to_a_loopback_port_of_the_host_is_refused():
             server.accept()
     assert result.status == "ok", result.stderr
     assert "CONNECTED" not in result.stdout and result.stdout.count("REFUSED") == 3
+
+
+def test_connecting_to_a_host_unix_socket_is_refused(tmp_path):
+    """A socket anyone may connect to (mode 0777), outside /tmp, is out of the sandbox's reach (its root holds
+    none of the host's sockets; abstract ones live in the host's network namespace)."""
+    where = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(str(where / "s"))
+            os.chmod(where, 0o777)
+            os.chmod(where / "s", 0o777)
+            server.listen()
+            abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            abstract.bind(f"\0distrl-test-{uuid.uuid4().hex}")
+            abstract.listen()
+            paths = [str(where / "s"), abstract.getsockname()]
+            code = "\n".join(["import socket", "for path in %r:" % paths, "    s = socket.socket(socket.AF_UNIX)",
+                              "    try:", "        s.connect(path)", "        print('CONNECTED', path)",
+                              "    except OSError as exc:", "        print('REFUSED', type(exc).__name__)"])
+            result = run(code, FAST)
+            for listener in (server, abstract):
+                listener.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    listener.accept()
+            abstract.close()
+    finally:
+        shutil.rmtree(where)
+    assert result.status == "ok", result.stderr
+    assert "CONNECTED" not in result.stdout and result.stdout.count("REFUSED") == 2
 
 
 def test_an_infinite_loop_is_killed_at_the_time_limit():

@@ -14,7 +14,9 @@ the program:
   system library directories (``/usr``, ``/lib*``, ``/bin``, ``/etc``), writes only beneath ``/tmp``, no TCP
   bind or connect (ABI >= 4), no signals or abstract unix sockets to processes outside it (ABI >= 6).
 - **rlimits**: CPU seconds, address space, processes, file size, 64 open files, no core; and a wall clock after
-  which the whole process group is killed (PID 1 of the namespace dying takes every process in it along).
+  which PID 1 of the namespace is killed, which takes every process in it along. PID 1 (sandbox_init, under the
+  same restrictions) runs the program as its child and reports its exit status on a pipe of its own, so the
+  program's signals and exit codes are its own (not those of an init process).
 
 The program gets no environment variables of the caller and no stdin. :func:`probe` runs a trivial program once
 per process: where any part is missing (no ``unshare``, namespaces or Landlock refused, e.g. in a container

@@ -1,21 +1,27 @@
-"""The first process inside a sandbox (:mod:`distrl.rollout.envs.sandbox` starts it): set the box up, then become
-the untrusted program.
+"""PID 1 of a sandbox (:mod:`distrl.rollout.envs.sandbox` starts it): set the box up, run the untrusted program
+as its child, report how it ended.
 
 It runs as ``python -I -S sandbox_init.py SPEC`` under ``unshare --mount --net --pid --ipc --uts --fork
 --kill-child --mount-proc`` (plus ``--user --map-root-user`` when the caller is not root), so it is PID 1 of fresh
 namespaces and still holds root's capabilities there. SPEC is JSON (see ``sandbox.py``); the program's source comes
-on stdin. Steps, in order (any failure prints ``SETUP_FAILED: ...`` on stderr and exits 125, nothing is run):
+on stdin. Steps, in order (a failure before the program starts prints ``SETUP_FAILED: ...`` on stderr and exits
+125, nothing is run):
 
 1. refuse to go on if its mount namespace is the caller's (a missing ``--mount`` must not touch the host's mounts);
 2. make every mount read-only and nosuid (``mount_setattr(2)``, recursive);
-3. mount a private tmpfs on ``/tmp`` (``size`` = the file limit) and bind the interpreter's prefix read-only at
-   ``/tmp/.python`` (the caller's prefix may sit under a directory the sandbox uid cannot enter, e.g. ``/root``);
-4. write the program to ``/tmp/main.py``; set the rlimits; drop to the sandbox uid/gid (no groups: every
-   capability goes) where the caller was root; set no_new_privs;
+3. build a new root on a private tmpfs (``size`` = the file limit): read-only binds of the system directories
+   (``/usr``, ``/lib*``, ``/bin``, ``/etc``), of the interpreter's prefix at ``/python`` (the caller's prefix may
+   sit under a directory the sandbox uid cannot enter, e.g. ``/root``) and of ``/dev/null``, ``/dev/zero``,
+   ``/dev/urandom``, ``/dev/random``; a writable ``/tmp`` holding the program, ``/tmp/main.py``; nothing else of
+   the host (no ``/proc``, ``/sys``, ``/run``, home or work directories, no host sockets); ``chroot`` into it;
+4. set the rlimits; drop to the sandbox uid/gid (no groups: every capability goes, ``chroot`` included) where
+   the caller was root; set no_new_privs;
 5. Landlock (``landlock_create_ruleset(2)`` ...): reads and execution only beneath the interpreter and system
    library directories, writes only beneath ``/tmp``, no TCP bind or connect, no signals or abstract unix sockets
    out of the sandbox (as far as the kernel's Landlock ABI goes);
-6. ``execve`` the interpreter on ``/tmp/main.py`` with a clean environment.
+6. fork: the child ``execve``s the interpreter on ``/tmp/main.py`` with a clean environment and no stdin; PID 1
+   (under every restriction above too) reaps until it ends, writes its exit status (minus the signal that ended
+   it) to SPEC's ``status_fd`` and exits, which kills whatever the program left running.
 
 Standard library only: it runs before any sandboxing and must not import the checkout.
 """
@@ -39,6 +45,8 @@ FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | (1 << 14) | (1 << 1
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 RULE_PATH_BENEATH = 1
+NEW_ROOT = "/tmp"  # where the sandbox's root is built (a tmpfs mounted over the namespace's /tmp), then chroot
+PYTHON = "/python"  # where the interpreter's prefix is bound in the new root
 READ_ONLY_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc")  # system libraries and the loader's cache
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 
@@ -80,18 +88,39 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
                      data.encode() if data else None), f"mount {source} on {target}")
 
 
+def bind(source: str, target: str) -> None:
+    """Bind ``source`` read-only at ``target`` (a new mount point: a directory, or an empty file for a file); a
+    symlink is copied as a symlink; a missing source is skipped."""
+    if os.path.islink(source):
+        os.symlink(os.readlink(source), target)
+        return
+    if not os.path.exists(source):
+        return
+    if os.path.isdir(source):
+        os.makedirs(target, 0o755)
+    else:
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    mount(source, target, None, MS_BIND | MS_REC)
+    read_only(target)
+
+
 def build_tree(spec: dict, code: bytes) -> None:
-    """Steps 2-4's mounts: the read-only view, the private /tmp, the interpreter at /tmp/.python, the program."""
+    """Steps 2-4's mounts, then ``chroot`` into the new root (the working directory: /tmp)."""
     read_only("/")
-    uid = spec["uid"]
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={spec['file_bytes']},nr_inodes=4096,mode=1777")
-    os.mkdir("/tmp/.python", 0o755)
-    mount(spec["prefix"], "/tmp/.python", None, MS_BIND | MS_REC)
-    read_only("/tmp/.python")
-    with open("/tmp/main.py", "wb") as f:
+    mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['file_bytes']},nr_inodes=4096,mode=0755")
+    for path in READ_ONLY_DIRS:
+        bind(path, NEW_ROOT + path)
+    bind(spec["prefix"], NEW_ROOT + PYTHON)
+    os.mkdir(NEW_ROOT + "/dev", 0o755)
+    for path in DEVICES:
+        bind(path, NEW_ROOT + path)
+    os.mkdir(NEW_ROOT + "/tmp", 0o1777)
+    os.chmod(NEW_ROOT + "/tmp", 0o1777)  # past the umask
+    with open(NEW_ROOT + "/tmp/main.py", "wb") as f:
         f.write(code)
-    os.chown("/tmp/main.py", uid, uid)
+    os.chown(NEW_ROOT + "/tmp/main.py", spec["uid"], spec["uid"])
+    os.chroot(NEW_ROOT)
+    os.chdir("/tmp")
 
 
 def set_limits(spec: dict) -> None:
@@ -152,7 +181,7 @@ def landlock(spec: dict) -> int:
     read_exec = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     for path in READ_ONLY_DIRS:
         allow(ruleset, path, read_exec)
-    allow(ruleset, "/tmp/.python", read_exec)
+    allow(ruleset, PYTHON, read_exec)
     for path in DEVICES:
         allow(ruleset, path, FS_READ_FILE | FS_WRITE_FILE)
     allow(ruleset, "/tmp", handled)
@@ -171,7 +200,6 @@ def main() -> None:
         set_limits(spec)
         drop_privileges(spec["uid"])
         landlock(spec)
-        os.chdir("/tmp")
         fd = os.open("/dev/null", os.O_RDONLY)
         os.dup2(fd, 0)
         os.close(fd)
@@ -187,9 +215,9 @@ def main() -> None:
 
 def start_program(spec: dict) -> None:
     """Step 6, in the child of PID 1: ``execve`` the interpreter on /tmp/main.py (never returns)."""
-    exe = "/tmp/.python/" + spec["exe"]
+    exe = f"{PYTHON}/{spec['exe']}"
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8",
-           "LD_LIBRARY_PATH": "/tmp/.python/lib", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+           "LD_LIBRARY_PATH": f"{PYTHON}/lib", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     try:
         os.execve(exe, [exe, "-I", "-B", "-u", "/tmp/main.py"], env)
     except OSError as exc:
