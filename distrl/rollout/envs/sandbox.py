@@ -5,11 +5,15 @@ the program:
 
 - **namespaces** (``unshare`` from util-linux): mount, PID, network, IPC and UTS namespaces of the program's own
   (plus a user namespace when the caller is not root). No network device but a loopback that is down: nothing on
-  the host, its loopback included, can be reached. ``/proc`` shows the sandbox's processes only. Every mount is
-  read-only; ``/tmp`` is a private tmpfs of ``Limits.file_mb``, gone when the program ends.
+  the host, its loopback included, can be reached; no process of the host can be seen. The program's root is a
+  private tmpfs (``Limits.file_mb``, gone when the program ends) holding read-only binds of ``/usr``, ``/lib*``,
+  ``/bin``, ``/etc``, the interpreter's prefix (at ``/python``) and four devices (null, zero, random, urandom),
+  and a writable ``/tmp``: no other path of the host (no ``/proc``, ``/run``, home or work directory, socket).
 - **an unprivileged uid**: from root, the program runs as a uid/gid of its own (``UID_BASE`` + a random offset,
-  owning no file; no supplementary groups, no capabilities, no_new_privs), so file permissions hold and
-  RLIMIT_NPROC is enforced (it is not for uid 0) and not shared with other sandboxes.
+  owning no file; no supplementary groups, no capabilities, no_new_privs), so file permissions hold (``/etc/shadow``),
+  it cannot leave its ``chroot``, and RLIMIT_NPROC is enforced (it is not for uid 0) and not shared with other
+  sandboxes. Not root: the caller's own uid, inside a user namespace (its capabilities there do not reach the
+  host, and Landlock forbids it to change mounts).
 - **Landlock** (Linux >= 5.13; up to the kernel's ABI): reads and execution only beneath the interpreter and the
   system library directories (``/usr``, ``/lib*``, ``/bin``, ``/etc``), writes only beneath ``/tmp``, no TCP
   bind or connect (ABI >= 4), no signals or abstract unix sockets to processes outside it (ABI >= 6).
@@ -111,7 +115,8 @@ def run(code: str, limits: Limits = Limits()) -> Result:
     uid = UID_BASE + random.randrange(1 << 24) if os.geteuid() == 0 else os.geteuid()
     status_read, status_write = os.pipe()  # sandbox_init's PID 1 writes the program's exit there
     try:
-        command = _command({**_spec(uid, limits), "status_fd": status_write})
+        inside = uid if os.geteuid() == 0 else 0  # not root: the caller's uid is root of the user namespace
+        command = _command({**_spec(inside, limits), "status_fd": status_write})
         deadline = time.monotonic() + limits.wall_s
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=(status_write,), start_new_session=True,
