@@ -174,6 +174,25 @@ def test_a_memory_hog_is_refused():
     assert result.status in ("error", "killed") and "MemoryError" in result.stderr
 
 
+def test_the_environment_answers_code_blocks_and_scores_the_final_answer():
+    from distrl.rollout.envs.python_env import PythonEnv
+    from distrl.rollout.rewards import Problem
+
+    class Quick(PythonEnv):
+        limits = Limits(wall_s=1.5)
+
+    env = Quick()
+    env.reset(Problem("p", "1/2 as a decimal", "\\frac{1}{2}"))
+    assert env.step("```python\nprint(1 / 2)\n```\n") == ("0.5", 0.0, False, {"calls": 1, "errors": 0.0})
+    observation, _, done, info = env.step("```py\nx = 1\nprint(x)\n1 / 0\n```\n")
+    assert observation == "1\nError: ZeroDivisionError: division by zero" and not done and info["errors"] == 1.0
+    assert env.step("```python\nwhile True: pass\n```\n")[0] == "Killed: time limit"
+    assert env.step("```python\nx = 1\n```\n")[0] == "(no output)"
+    assert env.step("So the answer is \\boxed{0.5}.") == (None, 1.0, True, {"correct": 1.0})  # math_verify
+    env.reset(Problem("q", "6 * 7", "42"))
+    assert env.step("The answer is \\boxed{41}.")[1:3] == (0.0, True)  # an integer gold: integer_match
+
+
 def test_an_episode_through_the_env_worker_pool():
     from distrl.rollout.envs.pool import EnvPool
 

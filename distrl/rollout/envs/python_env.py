@@ -26,30 +26,32 @@ BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
 
 
 def observation(result) -> str:
-    """The text the model sees for one sandbox :class:`distrl.rollout.envs.sandbox.Result`."""
-    text = result.stdout + ("\n[output truncated]" if result.truncated else "")
+    """The text the model sees for one sandbox :class:`distrl.rollout.envs.sandbox.Result`: its stdout, then a
+    line for what went wrong, if anything; ``(no output)`` for none."""
+    lines = [result.stdout.rstrip("\n")] if result.stdout.strip() else []
+    if result.truncated:
+        lines.append("[output truncated]")
     if result.status == "error":
-        lines = result.stderr.strip().splitlines()
-        text += f"\nError: {lines[-1] if lines else f'exit status {result.returncode}'}"
+        stderr = result.stderr.strip().splitlines()
+        lines.append(f"Error: {stderr[-1] if stderr else f'exit status {result.returncode}'}")
     elif result.status == "killed":
-        text += f"\nKilled: signal {-result.returncode} (a CPU, memory or file limit)"
+        lines.append(f"Killed: signal {-result.returncode} (a CPU, memory or file limit)")
     elif result.status == "timeout":
-        text += "\nKilled: time limit"
-    return text.strip("\n") or "(no output)"
+        lines.append("Killed: time limit")
+    return "\n".join(lines) or "(no output)"
 
 
 def score(text: str, gold: str) -> tuple[float, dict[str, float]]:
     """The reward of a final answer ``text``: integer match against an integer ``gold``, else math_verify."""
+    from distrl.rollout.answers import final_answer, normalize_text
     from distrl.rollout.rewards import check_answer, integer_match
 
     try:
-        return integer_match(text, gold)
-    except ValueError:  # a gold that is not an integer
-        pass
-    from distrl.rollout.answers import final_answer
-
-    correct = float(check_answer(gold, final_answer(text))["correct"])
-    return correct, {"correct": correct}
+        int(normalize_text(gold))
+    except ValueError:  # a gold that is not an integer (MATH): mathematical equivalence
+        correct = float(check_answer(gold, final_answer(text))["correct"])
+        return correct, {"correct": correct}
+    return integer_match(text, gold)
 
 
 class PythonEnv(Environment):

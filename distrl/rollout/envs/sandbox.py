@@ -121,6 +121,9 @@ def run(code: str, limits: Limits = Limits()) -> Result:
         proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=(status_write,), start_new_session=True,
                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    except BaseException:
+        os.close(status_read)
+        raise
     finally:
         os.close(status_write)
     with open(status_read, "rb") as status_pipe:
