@@ -4,8 +4,9 @@ its output comes back.
 A turn holding a ```` ```python ... ``` ```` block (the last one, if several) is run in a fresh sandbox
 (:mod:`distrl.rollout.envs.sandbox`: namespaces + Landlock + an unprivileged uid + rlimits, :class:`Limits`) and
 answered with its stdout, at most ``Limits.output_bytes`` of it; a program that fails adds the last line of its
-stderr (``Error: ZeroDivisionError: division by zero``), one killed or stopped says so (``Killed: time limit
-5 s``). Nothing is kept between blocks: each runs alone. A turn without a block is the answer, scored as
+stderr (``Error: ZeroDivisionError: division by zero``), one stopped by a limit says so (``Killed: time
+limit``). Nothing is kept between blocks: each runs alone, on the actor's base interpreter (its standard library;
+a virtualenv's packages are not visible). A turn without a block is the answer, scored as
 :mod:`.calculator` scores it: :func:`distrl.rollout.rewards.integer_match` against an integer gold (``arith``,
 GSM8K), else :func:`distrl.rollout.rewards.check_answer` (math_verify) of its final answer (``\\boxed{}``, else
 ``answer is X``, else the last number). The turn stops at a closing fence on a line of its own (``\\n```\\n``);
