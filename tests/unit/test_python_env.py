@@ -23,7 +23,7 @@ from distrl.rollout.envs import sandbox
 from distrl.rollout.envs.sandbox import Limits, run
 
 REPO = Path(__file__).resolve().parents[2]
-FAST = Limits(wall_s=3.0, cpu_s=3)
+FAST = Limits(wall_s=30.0, cpu_s=10)  # programs that end on their own: room for a loaded machine
 AS_ROOT_ON_LINUX = sys.platform.startswith("linux") and os.geteuid() == 0
 
 
@@ -52,7 +52,7 @@ def processes_of(uid: int) -> list[int]:
 def test_normal_code_prints_its_output_which_comes_back():
     result = run("import math\nprint(sum(i * i for i in range(10)), math.factorial(5))", FAST)
     assert result.status == "ok" and result.stdout == "285 120\n" and not result.truncated
-    result = run("print('x' * 100_000)", Limits(output_bytes=1000))
+    result = run("print('x' * 100_000)", Limits(wall_s=30.0, output_bytes=1000))
     assert result.status == "ok" and result.stdout == "x" * 1000 and result.truncated
     failed = run("1 / 0", FAST)
     assert failed.status == "error" and failed.stderr.strip().endswith("ZeroDivisionError: division by zero")
@@ -86,10 +86,10 @@ def test_a_fork_bomb_is_limited_and_killed_and_the_host_is_unaffected():
     started = time.monotonic()
     result = run(bomb, Limits(wall_s=2.0, cpu_s=2, processes=16))
     took = time.monotonic() - started
-    assert result.status in ("timeout", "killed") and took < 2.0 + 3.0
+    assert result.status in ("timeout", "killed") and took < 2.0 + 8.0
     assert processes_of(result.uid) == []  # every process of the bomb is gone
     assert subprocess.run(["true"]).returncode == 0  # the host still forks
-    plain = run("import os\nwhile True:\n    os.fork()\n", Limits(wall_s=3.0, processes=16))
+    plain = run("import os\nwhile True:\n    os.fork()\n", Limits(wall_s=10.0, processes=16))
     assert plain.status in ("error", "timeout", "killed") and processes_of(plain.uid) == []
     assert plain.status == "timeout" or "BlockingIOError" in plain.stderr  # fork refused past RLIMIT_NPROC
 
@@ -163,14 +163,15 @@ def test_connecting_to_a_host_unix_socket_is_refused(tmp_path):
 def test_an_infinite_loop_is_killed_at_the_time_limit():
     started = time.monotonic()
     result = run("while True:\n    pass\n", Limits(wall_s=1.5, cpu_s=30))
-    assert result.status == "timeout" and 1.5 <= time.monotonic() - started < 1.5 + 2.0
+    assert result.status == "timeout" and 1.5 <= time.monotonic() - started < 1.5 + 5.0
     assert processes_of(result.uid) == []
-    cpu = run("while True:\n    pass\n", Limits(wall_s=20.0, cpu_s=1))  # RLIMIT_CPU first: SIGXCPU
+    cpu = run("while True:\n    pass\n", Limits(wall_s=60.0, cpu_s=1))  # RLIMIT_CPU first: SIGXCPU
     assert cpu.status == "killed" and cpu.returncode in (-24, -9)
 
 
 def test_a_memory_hog_is_refused():
-    result = run("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n", Limits(memory_mb=256))
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))\n"
+    result = run(hog, Limits(wall_s=30.0, memory_mb=256))
     assert result.status in ("error", "killed") and "MemoryError" in result.stderr
 
 
@@ -178,15 +179,15 @@ def test_the_environment_answers_code_blocks_and_scores_the_final_answer():
     from distrl.rollout.envs.python_env import PythonEnv
     from distrl.rollout.rewards import Problem
 
-    class Quick(PythonEnv):
-        limits = Limits(wall_s=1.5)
-
-    env = Quick()
+    env = PythonEnv()
+    env.limits = FAST
     env.reset(Problem("p", "1/2 as a decimal", "\\frac{1}{2}"))
     assert env.step("```python\nprint(1 / 2)\n```\n") == ("0.5", 0.0, False, {"calls": 1, "errors": 0.0})
     observation, _, done, info = env.step("```py\nx = 1\nprint(x)\n1 / 0\n```\n")
     assert observation == "1\nError: ZeroDivisionError: division by zero" and not done and info["errors"] == 1.0
+    env.limits = Limits(wall_s=1.5)
     assert env.step("```python\nwhile True: pass\n```\n")[0] == "Killed: time limit"
+    env.limits = FAST
     assert env.step("```python\nx = 1\n```\n")[0] == "(no output)"
     assert env.step("So the answer is \\boxed{0.5}.") == (None, 1.0, True, {"correct": 1.0})  # math_verify
     env.reset(Problem("q", "6 * 7", "42"))
