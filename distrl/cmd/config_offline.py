@@ -29,6 +29,12 @@ def _check_replay(cfg) -> None:
         raise ValueError(f"--max_staleness must be >= 0, got {cfg.max_staleness}")
     if cfg.train_config is not None and not Path(cfg.train_config).is_file():
         raise ValueError(f"--train_config {cfg.train_config}: no such file")
+    if cfg.eval_size is not None and cfg.eval_size < 0:
+        raise ValueError(f"--eval_size must be >= 0 (0: no evaluation), got {cfg.eval_size}")
+    if cfg.sweep is not None:
+        from distrl.cmd.sweep_spec import value_configs
+
+        value_configs(cfg)  # ValueError naming a bad flag or value
 
 
 def _name_replay(cfg) -> None:
@@ -79,6 +85,15 @@ class ReplayConfig:
     """AdamW learning rate (unset: the source run's)."""
     seed: Optional[int] = None
     """Seed of the learner's initialization (unset: the source run's)."""
+    eval_size: Optional[int] = None
+    """Held-out problems (the task's, chosen by the seed as `distrl train --eval_size` does) that version 0 and
+    each replayed version are evaluated on after training: greedy pass@1 with the `hf` engine, written to
+    `eval.jsonl` and summary.json's `heldout_accuracy_by_version` (unset: 0, no evaluation; with --sweep: 32)."""
+    sweep: Optional[str] = None
+    """`FLAG=V1,V2,...`: one replay per value, each into `<run_name>/<FLAG>-<V>/` as `distrl replay SOURCE
+    --FLAG V` would, then `sweep.md`, `sweep.csv`, `sweep.json` and `sweep.png`: held-out accuracy by version
+    per value (docs/buffer.md). FLAG: --batch_size, --topk, --max_staleness, --staleness_model, --learner,
+    --learning_rate, --seed, --max_steps, --topk_by, --order, --filter_zero_variance or --replay_ratio."""
     selection: SelectionOptions = field(default_factory=SelectionOptions)
 
     @property

@@ -19,6 +19,10 @@ Staleness model (``--staleness_model``):
 Either way the importance ratio uses the recorded behavior logprobs. The number of versions is planned
 before training by running the same selection on a copy of the store (selection does not depend on
 the model), so the learner never waits for data that will not come.
+
+With ``--eval_size N`` every published version is kept and, after training, version 0 and each replayed version
+are evaluated on N held-out problems (:func:`evaluate_versions`). ``--sweep FLAG=V1,V2,...`` runs this replay
+once per value (:mod:`distrl.cmd.replay_sweep`, which `distrl replay` calls).
 """
 
 from __future__ import annotations
@@ -112,14 +116,17 @@ def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tupl
 
 
 def replay(cfg: ReplayConfig) -> dict:
-    """Train from the log of ``cfg.source``; returns the summary also written to ``<out>/summary.json``.
+    """Train from the log of ``cfg.source``; returns the summary also written to ``<out>/summary.json``
+    (``--sweep``: :func:`distrl.cmd.replay_sweep.run_sweep` runs this once per value).
 
     Raises FileExistsError if the output directory exists, ValueError if the log is empty or cannot feed
-    one version under the given rules, FileNotFoundError if it holds no log.
+    one version under the given rules (or ``cfg.sweep`` is set), FileNotFoundError if it holds no log.
     """
     from distrl.buffer.segments import read_groups
     from distrl.core.logs import setup_logging
 
+    if cfg.sweep is not None:
+        raise ValueError("--sweep: run it with distrl.cmd.replay_sweep.replay_or_sweep (`distrl replay` does)")
     out_dir = cfg.out_dir
     if out_dir.exists():
         raise FileExistsError(f"replay directory {out_dir} exists: pick another --run_name or remove it")
@@ -145,22 +152,67 @@ def replay(cfg: ReplayConfig) -> dict:
     start = time.time()
     model = model_dir(cfg, train, out_dir)
     result = _train(cfg, train, model, out_dir, restamp)
-    history = result["history"]
-    gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
-    summary = {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
-               "model": model, "first_logprob_gap": gap, "first_logprob_gap_version": gap_version,
-               "log_groups": groups, "staleness_model": cfg.staleness_model, "replay_ratio": train.replay_ratio,
-               "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
-               "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
-               "reward_by_version": [h["learner/reward_mean"] for h in history], "wall_s": time.time() - start}
+    accuracy = evaluate_versions(train, model, out_dir, result["version"], cfg.eval_size) if cfg.eval_size else []
+    summary = _summary(cfg, train, model, out_dir, result, groups, accuracy, start)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    gap, gap_version = summary["first_logprob_gap"], summary["first_logprob_gap_version"]
     print(f"\ndistrl replay: {summary['versions']} versions from {groups} logged groups in {summary['wall_s']:.1f}s "
           f"(staleness model {cfg.staleness_model}, replay ratio {train.replay_ratio})\n"
           f"  started from: {model} (logprob gap {'-' if gap is None else f'{gap:.2e}'} nats/token "
           f"at version {gap_version})\n"
           f"  staleness max by version: {summary['staleness_max_by_version']}\n"
-          f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
+          + (f"  held-out accuracy by version: {[round(a, 4) for a in accuracy]}\n" if accuracy else "")
+          + f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
     return summary
+
+
+def _summary(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, result: dict, groups: int,
+             accuracy: list[float], start: float) -> dict:
+    """summary.json of a replay: versions, the base model and its logprob gap, staleness by version, the
+    logged reward by version (the source run's policy earned it, not the replay's), held-out accuracy by
+    version (0-1, from version 0; empty without --eval_size), seconds since ``start``."""
+    history = result["history"]
+    gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
+    return {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
+            "model": model, "first_logprob_gap": gap, "first_logprob_gap_version": gap_version,
+            "log_groups": groups, "staleness_model": cfg.staleness_model, "replay_ratio": train.replay_ratio,
+            "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
+            "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
+            "reward_by_version": [h["learner/reward_mean"] for h in history],
+            "heldout_accuracy_by_version": accuracy, "wall_s": time.time() - start}
+
+
+def evaluate_versions(train: TrainConfig, model: str, out_dir: Path, versions: int, size: int) -> list[float]:
+    """Held-out accuracy (greedy pass@1, 0-1) of ``model`` (version 0) and of each of ``out_dir``'s published
+    ``weights/v000001..versions``, on ``size`` problems of the task (``Task.heldout(size, seed)``, as
+    `distrl train --eval_size` picks them), with the ``hf`` engine; each version also one line of
+    ``<out_dir>/eval.jsonl``. Raises FileNotFoundError if a version's weights are gone."""
+    from distrl.cmd.evaluate import adapter_format
+    from distrl.rollout.engines import make_engine
+    from distrl.rollout.evaluation import eval_line, evaluate_engine
+    from distrl.rollout.tasks import load_task
+
+    task = load_task(train.task, train.dataset, seed=train.seed, arith_ops=train.arith_ops,
+                     arith_max_operand=train.arith_max_operand)
+    task.set_prompt(train.prompt_template, train.chat_template)
+    problems = task.heldout(size, train.seed)
+    engine = make_engine("hf", model, train.tokenizer, train.dtype, train.lora_rank, train.max_model_len,
+                         seed=train.seed, lora=train.finetune == "lora")
+    accuracy = []
+    try:
+        with open(out_dir / "eval.jsonl", "w") as lines:
+            for version in range(versions + 1):
+                if version:
+                    path = out_dir / "weights" / f"v{version:06d}"
+                    engine.load_weights(version, adapter_format(path)[1], path)
+                t0 = time.perf_counter()
+                report = evaluate_engine(engine, task, problems, temperature=0.0,
+                                         max_new_tokens=train.max_new_tokens, seed=train.seed)
+                lines.write(json.dumps(eval_line(report, 0.0, time.perf_counter() - t0)) + "\n")
+                accuracy.append(report.metrics["accuracy"])
+    finally:
+        engine.close()
+    return accuracy
 
 
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
@@ -175,7 +227,8 @@ def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, res
     thread.start()
     parts = None
     try:  # no actors fetch its versions (no linger) and it writes no checkpoints
-        parts = build_learner(train, 0, 1, out_dir, model, server.address, checkpoints=False)
+        parts = build_learner(train, 0, 1, out_dir, model, server.address, checkpoints=False,
+                              keep_weights=train.max_steps + 1 if cfg.eval_size else None)
         return parts.run()
     finally:
         if parts is not None:
