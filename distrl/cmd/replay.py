@@ -38,7 +38,8 @@ from distrl.cmd.config import ReplayConfig, TrainConfig, buffer_options
 from distrl.cmd.stacks import needed, probe_here, settle_stacks
 
 log = logging.getLogger("distrl.cmd.replay")
-OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed")
+OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed", "clip_eps", "clip_eps_low",
+             "clip_eps_high", "kl_coef", "off_policy", "is_cap", "is_level", "is_mask_low", "is_mask_high")
 GAP_TAG = "learner/logprob_mismatch_mean_abs"  # mean |learner - behavior logprob| per token, nats
 # The first replayed version's GAP_TAG above this (nats per token) means another base model: the same weights
 # give ~1e-6 in float32 and ~1e-2 between bf16 engines and learners; a step at usual learning rates moves far less

@@ -14,7 +14,10 @@ from distrl.cmd.compose import flat_hints
 
 SWEEPABLE = ("batch_size", "topk", "max_staleness", "staleness_model", "learner", "learning_rate", "seed",
              "max_steps", *(f.name for f in dataclasses.fields(SelectionOptions)
-                            if f.name not in ("credit_timeout_s", "max_filtered_groups")))  # no actors, no filter run
+                            if f.name not in ("credit_timeout_s", "max_filtered_groups")),  # no actors, no filter run
+             # distrl.cmd.config_offline.ReplayLossOptions (not imported: it imports this module)
+             "clip_eps", "clip_eps_low", "clip_eps_high", "kl_coef", "off_policy", "is_cap", "is_level", "is_mask_low",
+             "is_mask_high")
 DEFAULT_EVAL_SIZE = 32  # held-out problems a sweep evaluates each version on when --eval_size is unset
 
 

@@ -3,6 +3,7 @@ nothing written), and the table. The replays themselves: tests/integration/test_
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from distrl.cmd.config import ReplayConfig
+from distrl.cmd.config_offline import ReplayLossOptions
 from distrl.cmd.replay_sweep import write_table
-from distrl.cmd.sweep_spec import parse_sweep, value_configs
+from distrl.cmd.sweep_spec import SWEEPABLE, parse_sweep, value_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "data" / "run_944c626"  # a logged run (test_old_run_dir.py); only read here
@@ -22,6 +24,24 @@ def test_values_take_the_flags_types():
     assert parse_sweep("--learning_rate=1e-5, 3e-5", ReplayConfig)[2] == [1e-5, 3e-5]
     assert parse_sweep("staleness_model=recorded,restamp", ReplayConfig)[2] == ["recorded", "restamp"]
     assert parse_sweep("filter_zero_variance=True,false", ReplayConfig)[2] == [True, False]
+
+
+def test_every_flag_replay_overrides_can_be_swept():
+    from distrl.cmd.replay import OVERRIDES
+
+    loss = {f.name for f in dataclasses.fields(ReplayLossOptions)}
+    assert loss <= set(OVERRIDES) and set(OVERRIDES) <= set(SWEEPABLE)
+    assert parse_sweep("kl_coef=0,0.1", ReplayConfig)[2] == [0.0, 0.1]
+    assert parse_sweep("off_policy=none,tis", ReplayConfig)[2] == ["none", "tis"]
+
+
+def test_loss_overrides_reach_the_learners_config(tmp_path):
+    from distrl.cmd.replay import train_config
+
+    cfg = ReplayConfig(source=str(SOURCE), log_dir=str(tmp_path), run_name="r", kl_coef=0.05, off_policy="tis",
+                       is_cap=3.0)
+    train = train_config(cfg, group_size=4)
+    assert (train.kl_coef, train.off_policy, train.is_cap, train.clip_eps) == (0.05, "tis", 3.0, 0.2)  # 0.2: source's
 
 
 def test_each_value_is_the_plain_replays_config(tmp_path):
@@ -46,6 +66,8 @@ def test_each_value_is_the_plain_replays_config(tmp_path):
     ("learning_rate=nan", "'nan' is not a finite number"),
     ("learner=foo", "'foo' is not one of pg, grpo, dr_grpo"),
     ("max_staleness=0,-1", "--sweep max_staleness=-1: --max_staleness must be >= 0"),
+    ("clip_eps=0.2,1.5", "--sweep clip_eps=1.5: --clip_eps must be in (0, 1)"),
+    ("off_policy=tis,bogus", "'bogus' is not one of none, tis, decoupled"),
 ])
 def test_bad_specs_are_refused_naming_the_flag(spec, message, tmp_path):
     with pytest.raises(ValueError) as exc:
