@@ -66,6 +66,8 @@ def _check_replay(cfg) -> None:
         raise ValueError(f"--train_config {cfg.train_config}: no such file")
     if cfg.eval_size is not None and cfg.eval_size < 0:
         raise ValueError(f"--eval_size must be >= 0 (0: no evaluation), got {cfg.eval_size}")
+    if cfg.eval_every is not None and cfg.eval_every < 1:
+        raise ValueError(f"--eval_every must be >= 1, got {cfg.eval_every}")
     if cfg.sweep is not None:
         from distrl.cmd.sweep_spec import value_configs
 
@@ -124,6 +126,8 @@ class ReplayConfig:
     """Held-out problems (the task's, chosen by the seed as `distrl train --eval_size` does) that version 0 and
     each replayed version are evaluated on after training: greedy pass@1 with the `hf` engine, written to
     `eval.jsonl` and summary.json's `heldout_accuracy_by_version` (unset: 0, no evaluation; with --sweep: 32)."""
+    eval_every: Optional[int] = None
+    """With --eval_size: evaluate version 0, every N-th replayed version and the last (unset: every version)."""
     sweep: Optional[str] = None
     """`FLAG=V1,V2,...`: one replay per value, each into `<run_name>/<FLAG>-<V>/` as `distrl replay SOURCE
     --FLAG V` would, then `sweep.md`, `sweep.csv`, `sweep.json` and `sweep.png`: held-out accuracy by version

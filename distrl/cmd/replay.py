@@ -153,8 +153,9 @@ def replay(cfg: ReplayConfig) -> dict:
     start = time.time()
     model = model_dir(cfg, train, out_dir)
     result = _train(cfg, train, model, out_dir, restamp)
-    accuracy = evaluate_versions(train, model, out_dir, result["version"], cfg.eval_size) if cfg.eval_size else []
-    summary = _summary(cfg, train, model, out_dir, result, groups, accuracy, start)
+    evaluated = [v for v in range(result["version"] + 1) if v % (cfg.eval_every or 1) == 0 or v == result["version"]]
+    accuracy = evaluate_versions(train, model, out_dir, evaluated, cfg.eval_size) if cfg.eval_size else []
+    summary = _summary(cfg, train, model, out_dir, result, groups, dict(zip(evaluated, accuracy)), start)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     gap, gap_version = summary["first_logprob_gap"], summary["first_logprob_gap_version"]
     print(f"\ndistrl replay: {summary['versions']} versions from {groups} logged groups in {summary['wall_s']:.1f}s "
@@ -162,16 +163,17 @@ def replay(cfg: ReplayConfig) -> dict:
           f"  started from: {model} (logprob gap {'-' if gap is None else f'{gap:.2e}'} nats/token "
           f"at version {gap_version})\n"
           f"  staleness max by version: {summary['staleness_max_by_version']}\n"
-          + (f"  held-out accuracy by version: {[round(a, 4) for a in accuracy]}\n" if accuracy else "")
+          + (f"  held-out accuracy at versions {evaluated}: {[round(a, 4) for a in accuracy]}\n" if accuracy else "")
           + f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
     return summary
 
 
 def _summary(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, result: dict, groups: int,
-             accuracy: list[float], start: float) -> dict:
+             accuracy: dict[int, float], start: float) -> dict:
     """summary.json of a replay: versions, the base model and its logprob gap, staleness by version, the
-    logged reward by version (the source run's policy earned it, not the replay's), held-out accuracy by
-    version (0-1, from version 0; empty without --eval_size), seconds since ``start``."""
+    logged reward by version (the source run's policy earned it, not the replay's), held-out accuracy (0-1) at
+    the ``heldout_versions`` evaluated (``accuracy``: version -> accuracy; empty without --eval_size), seconds
+    since ``start``."""
     history = result["history"]
     gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
     return {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
@@ -180,12 +182,13 @@ def _summary(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, r
             "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
             "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
             "reward_by_version": [h["learner/reward_mean"] for h in history],
-            "heldout_accuracy_by_version": accuracy, "wall_s": time.time() - start}
+            "heldout_versions": list(accuracy), "heldout_accuracy_by_version": list(accuracy.values()),
+            "wall_s": time.time() - start}
 
 
-def evaluate_versions(train: TrainConfig, model: str, out_dir: Path, versions: int, size: int) -> list[float]:
-    """Held-out accuracy (greedy pass@1, 0-1) of ``model`` (version 0) and of each of ``out_dir``'s published
-    ``weights/v000001..versions``, on ``size`` problems of the task (``Task.heldout(size, seed)``, as
+def evaluate_versions(train: TrainConfig, model: str, out_dir: Path, versions: list[int], size: int) -> list[float]:
+    """Held-out accuracy (greedy pass@1, 0-1) at each of ``versions`` (ascending): ``model`` for 0, else
+    ``out_dir``'s published ``weights/vNNNNNN``, on ``size`` problems of the task (``Task.heldout(size, seed)``, as
     `distrl train --eval_size` picks them), with the ``hf`` engine; each version also one line of
     ``<out_dir>/eval.jsonl``. Raises FileNotFoundError if a version's weights are gone."""
     from distrl.cmd.evaluate import adapter_format
@@ -202,7 +205,7 @@ def evaluate_versions(train: TrainConfig, model: str, out_dir: Path, versions: i
     accuracy = []
     try:
         with open(out_dir / "eval.jsonl", "w") as lines:
-            for version in range(versions + 1):
+            for version in versions:
                 if version:
                     path = out_dir / "weights" / f"v{version:06d}"
                     engine.load_weights(version, adapter_format(path)[1], path)

@@ -4,12 +4,12 @@ then one table and one plot of held-out accuracy by version per value.
 Each value runs :func:`distrl.cmd.replay.replay` with the sweep's other flags and ``--FLAG V`` into
 ``<log_dir>/<run_name>/<FLAG>-<V>/``: the very config a plain ``distrl replay SOURCE --FLAG V`` builds (only its
 ``--run_name`` and ``--log_dir`` differ), so a value's numbers are that replay's. Every replay evaluates version
-0 and each version it trained on ``--eval_size`` held-out problems (32 when unset): greedy pass@1 with the
-``hf`` engine. Then ``<log_dir>/<run_name>/`` gets:
+0 and each version it trained (every ``--eval_every``-th and the last, if given) on ``--eval_size`` held-out
+problems (32 when unset): greedy pass@1 with the ``hf`` engine. Then ``<log_dir>/<run_name>/`` gets:
 
-- ``sweep.json``: ``{"flag", "values", "eval_size", "runs": {V: {"run_dir", "versions",
+- ``sweep.json``: ``{"flag", "values", "eval_size", "runs": {V: {"run_dir", "versions", "heldout_versions",
   "heldout_accuracy_by_version", "staleness_max_by_version", "wall_s"}}}``;
-- ``sweep.md`` (markdown) and ``sweep.csv``: one row per version, one accuracy column per value;
+- ``sweep.md`` (markdown) and ``sweep.csv``: one row per evaluated version, one accuracy column per value;
 - ``sweep.png``: accuracy against version, one line per value (matplotlib, Agg backend).
 
 The logged reward by version (each replay's ``summary.json``) is the source run's, earned by the policy that
@@ -50,8 +50,9 @@ def run_sweep(cfg) -> dict:
     for text, value_cfg in runs:
         print(f"distrl replay --sweep: {flag}={text} -> {value_cfg.out_dir}", flush=True)
         summary = replay(value_cfg)
-        result["runs"][text] = {k: summary[k] for k in ("run_dir", "versions", "heldout_accuracy_by_version",
-                                                         "staleness_max_by_version", "wall_s")}
+        result["runs"][text] = {k: summary[k] for k in ("run_dir", "versions", "heldout_versions",
+                                                         "heldout_accuracy_by_version", "staleness_max_by_version",
+                                                         "wall_s")}
     (out / "sweep.json").write_text(json.dumps(result, indent=2))
     table = write_table(out, result)
     plotted = plot(out, result)
@@ -61,13 +62,13 @@ def run_sweep(cfg) -> dict:
 
 
 def write_table(out: Path, result: dict) -> str:
-    """``sweep.md`` and ``sweep.csv`` in ``out``: held-out accuracy (pass@1, 0-1) by version (rows) and value
-    (columns), blank where a value trained fewer versions. Returns the markdown."""
+    """``sweep.md`` and ``sweep.csv`` in ``out``: held-out accuracy (pass@1, 0-1) by evaluated version (rows)
+    and value (columns), blank where a value did not evaluate that version. Returns the markdown."""
     runs, flag = result["runs"], result["flag"]
-    versions = max(len(r["heldout_accuracy_by_version"]) for r in runs.values())
+    by_value = [dict(zip(r["heldout_versions"], r["heldout_accuracy_by_version"])) for r in runs.values()]
     header = ["version", *(f"{flag}={v}" for v in runs)]
-    rows = [[str(v), *(f"{r['heldout_accuracy_by_version'][v]:.4f}" if v < len(r["heldout_accuracy_by_version"])
-                       else "" for r in runs.values())] for v in range(versions)]
+    rows = [[str(v), *(f"{a[v]:.4f}" if v in a else "" for a in by_value)]
+            for v in sorted(set().union(*by_value))]
     (out / "sweep.csv").write_text("\n".join(",".join(row) for row in [header, *rows]) + "\n")
     lines = [f"| {' | '.join(header)} |", f"|{'---|' * len(header)}", *(f"| {' | '.join(row)} |" for row in rows)]
     text = (f"Held-out accuracy (greedy pass@1 on {result['eval_size']} problems) by replayed version, per "
@@ -88,8 +89,8 @@ def plot(out: Path, result: dict) -> Path | None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for value, run in result["runs"].items():
-        accuracy = run["heldout_accuracy_by_version"]
-        ax.plot(range(len(accuracy)), accuracy, marker="o", label=f"{result['flag']}={value}")
+        ax.plot(run["heldout_versions"], run["heldout_accuracy_by_version"], marker="o",
+                label=f"{result['flag']}={value}")
     ax.set(xlabel="policy version (replayed)", ylabel=f"held-out accuracy ({result['eval_size']} problems)",
            title=f"distrl replay --sweep {result['flag']}", ylim=(-0.02, 1.02))
     ax.xaxis.get_major_locator().set_params(integer=True)

@@ -84,8 +84,19 @@ def test_the_cli_exits_2_and_writes_nothing(tmp_path):
 
 def test_the_table_has_a_row_per_version_and_a_column_per_value(tmp_path):
     result = {"flag": "max_staleness", "values": ["0", "1"], "eval_size": 8, "runs": {
-        "0": {"heldout_accuracy_by_version": [0.125, 0.25]}, "1": {"heldout_accuracy_by_version": [0.125, 0.5, 0.75]}}}
+        "0": {"heldout_versions": [0, 1], "heldout_accuracy_by_version": [0.125, 0.25]},
+        "1": {"heldout_versions": [0, 1, 2], "heldout_accuracy_by_version": [0.125, 0.5, 0.75]}}}
     markdown = write_table(tmp_path, result)
     assert (tmp_path / "sweep.csv").read_text().splitlines() == [
         "version,max_staleness=0,max_staleness=1", "0,0.1250,0.1250", "1,0.2500,0.5000", "2,,0.7500"]
     assert "| 2 |  | 0.7500 |" in markdown and (tmp_path / "sweep.md").read_text() == markdown
+
+
+def test_versions_evaluated_by_only_some_values_leave_blanks(tmp_path):
+    """--eval_every 2: versions 0, 2 and the last (3); another value evaluated 0 and 1 only."""
+    result = {"flag": "max_staleness", "values": ["0", "1"], "eval_size": 8, "runs": {
+        "0": {"heldout_versions": [0, 1], "heldout_accuracy_by_version": [0.125, 0.25]},
+        "1": {"heldout_versions": [0, 2, 3], "heldout_accuracy_by_version": [0.125, 0.5, 0.75]}}}
+    write_table(tmp_path, result)
+    assert (tmp_path / "sweep.csv").read_text().splitlines()[1:] == [
+        "0,0.1250,0.1250", "1,0.2500,", "2,,0.5000", "3,,0.7500"]
