@@ -14,6 +14,7 @@ import zmq
 
 from distrl.core.errors import BindError
 from distrl.core.security import CurveServer, serve_run_keys
+from distrl.core.tcp import allow_ipv6
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Endpoint:
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, max_msg_bytes)
+        allow_ipv6(sock, address)
         if self._curve is not None:
             self._curve.apply(sock)
         try:

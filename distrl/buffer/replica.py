@@ -35,6 +35,7 @@ from distrl.buffer.endpoint import bindable
 from distrl.buffer.lock import RunDirLock
 from distrl.core.errors import BindError
 from distrl.core.security import connect_run_keys, serve_run_keys
+from distrl.core.tcp import allow_ipv6
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,15 @@ class ReplicaServer:
     def __init__(self, directory: str | os.PathLike, address: str, role: str = "a replica of a buffer's log"):
         self.dir = Path(directory)
         self.lock = RunDirLock(self.dir, role)
+        self._fds: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._curve = serve_run_keys(self._ctx, "buffer")
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        allow_ipv6(self._sock, address)
         if self._curve is not None:
             self._curve.apply(self._sock)
         try:
@@ -71,10 +77,6 @@ class ReplicaServer:
             self.close()
             raise BindError(f"replica cannot bind {address}: {exc} (pick another port, or 0)") from None
         self.address: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._fds: dict[str, int] = {}
-        self._dirty: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.error: BaseException | None = None  # what ended the serving thread, if anything did
         self.records = 0  # write requests served
         self._unreleased = 0  # bytes written since the page cache was last released
@@ -167,7 +169,7 @@ class ReplicaServer:
         if self._curve is not None:
             self._curve.stop()
         self._ctx.term()
-        for rel, fd in getattr(self, "_fds", {}).items():
+        for rel, fd in self._fds.items():
             if rel in self._dirty:
                 _sync(fd)
             os.close(fd)
@@ -188,7 +190,7 @@ class Mirror:
         self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         connect_run_keys(self._sock, "buffer")
-        self._sock.connect(address)
+        allow_ipv6(self._sock, address).connect(address)
         self._pending = 0
         self.bytes_sent = 0
 

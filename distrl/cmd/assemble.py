@@ -150,7 +150,7 @@ class AssembledLearner(_Parts):
 
 def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: str, buffer_address: str, *,
                   weights_bind: tuple[str, str] = (LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT), resume: bool = False,
-                  checkpoints: bool = True) -> AssembledLearner:
+                  checkpoints: bool = True, keep_weights: int | None = None) -> AssembledLearner:
     """Learner rank ``rank`` of ``world`` (the process group, if any, is already joined).
 
     Args:
@@ -163,6 +163,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
             The nccl broadcast group meets on the second one's host.
         resume: restore the newest checkpoint under ``<run_dir>/ckpt/``.
         checkpoints: write checkpoints and the final export (replay writes neither).
+        keep_weights: published versions kept under ``weights/`` (None: ``max_staleness + 4``; a replay that
+            evaluates every version keeps them all).
     Raises what a part raises, after closing the parts opened before it.
     """
     from distrl.learn.learner import Learner
@@ -173,7 +175,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
     parts = AssembledLearner(rank, cfg.number_of_actors)
     try:
         if rank == 0:
-            options = PublishOptions(run_dir / "weights", keep=cfg.max_staleness + 4, pub_address=weights_bind[0],
+            options = PublishOptions(run_dir / "weights", keep=keep_weights or cfg.max_staleness + 4,
+                                     pub_address=weights_bind[0],
                                      latest_address=weights_bind[1], broadcast_host=endpoint_host(weights_bind[1]),
                                      broadcast_port=cfg.weights_broadcast_port, actors=cfg.number_of_actors)
             parts.publisher = parts.opened(transport(cfg.weights_transport).publisher(options))

@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[type, str]] = {
     "learn": (LearnConfig, "distrl.cmd.launch:run_learn"),
     "rollout": (RolloutConfig, "distrl.cmd.launch:run_rollout"),
     "buffer": (BufferConfig, "distrl.cmd.launch:run_buffer"),
-    "replay": (ReplayConfig, "distrl.cmd.replay:replay"),
+    "replay": (ReplayConfig, "distrl.cmd.replay_sweep:replay_or_sweep"),
     "eval": (EvalConfig, "distrl.cmd.evaluate:run"),
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -17,6 +17,41 @@ from tyro.conf import Positional
 from distrl.buffer.config import SelectionOptions
 from distrl.cmd.compose import composed
 from distrl.rollout.config import PromptOptions
+
+
+@dataclass
+class ReplayLossOptions:
+    """The loss and off-policy options a replay overrides, each unset: the source run's (meanings, units and
+    ranges: `distrl train --help`, distrl/learn/config.py)."""
+
+    clip_eps: Optional[float] = None
+    """GRPO/PPO ratio clip, in (0, 1) (unset: the source run's)."""
+    clip_eps_low: Optional[float] = None
+    """Lower GRPO clip, in (0, 1) (unset: the source run's)."""
+    clip_eps_high: Optional[float] = None
+    """Upper GRPO clip, > 0 (unset: the source run's)."""
+    kl_coef: Optional[float] = None
+    """Weight of the per-token KL(policy || reference) term, >= 0 (unset: the source run's)."""
+    off_policy: Optional[Literal["none", "tis", "decoupled"]] = None
+    """Off-policy correction: none, tis or decoupled (unset: the source run's)."""
+    is_cap: Optional[float] = None
+    """Truncation C >= 1 of the importance weights of tis and decoupled (unset: the source run's)."""
+    is_level: Optional[Literal["token", "sequence"]] = None
+    """tis: a weight per token or per completion (unset: the source run's)."""
+    is_mask_low: Optional[float] = None
+    """Tokens whose ratio pi/mu is below this get no loss (unset: the source run's)."""
+    is_mask_high: Optional[float] = None
+    """Tokens whose ratio pi/mu is above this get no loss (unset: the source run's)."""
+
+    def given(self) -> dict:
+        """The options set, by flat name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def check(self) -> None:
+        """Raise ValueError naming the first bad option given (the learner's own loss checks)."""
+        from distrl.learn.config import LearnOptions
+
+        LearnOptions(**self.given()).check_loss()
 
 
 def _check_replay(cfg) -> None:
@@ -29,6 +64,14 @@ def _check_replay(cfg) -> None:
         raise ValueError(f"--max_staleness must be >= 0, got {cfg.max_staleness}")
     if cfg.train_config is not None and not Path(cfg.train_config).is_file():
         raise ValueError(f"--train_config {cfg.train_config}: no such file")
+    if cfg.eval_size is not None and cfg.eval_size < 0:
+        raise ValueError(f"--eval_size must be >= 0 (0: no evaluation), got {cfg.eval_size}")
+    if cfg.eval_every is not None and cfg.eval_every < 1:
+        raise ValueError(f"--eval_every must be >= 1, got {cfg.eval_every}")
+    if cfg.sweep is not None:
+        from distrl.cmd.sweep_spec import value_configs
+
+        value_configs(cfg)  # ValueError naming a bad flag or value
 
 
 def _name_replay(cfg) -> None:
@@ -79,7 +122,20 @@ class ReplayConfig:
     """AdamW learning rate (unset: the source run's)."""
     seed: Optional[int] = None
     """Seed of the learner's initialization (unset: the source run's)."""
+    eval_size: Optional[int] = None
+    """Held-out problems (the task's, chosen by the seed as `distrl train --eval_size` does) that version 0 and
+    each replayed version are evaluated on after training: greedy pass@1 with the `hf` engine, written to
+    `eval.jsonl` and summary.json's `heldout_accuracy_by_version` (unset: 0, no evaluation; with --sweep: 32)."""
+    eval_every: Optional[int] = None
+    """With --eval_size: evaluate version 0, every N-th replayed version and the last (unset: every version)."""
+    sweep: Optional[str] = None
+    """`FLAG=V1,V2,...`: one replay per value, each into `<run_name>/<FLAG>-<V>/` as `distrl replay SOURCE
+    --FLAG V` would, then `sweep.md`, `sweep.csv`, `sweep.json` and `sweep.png`: held-out accuracy by version
+    per value (docs/buffer.md). FLAG: --batch_size, --topk, --max_staleness, --staleness_model, --learner,
+    --learning_rate, --seed, --max_steps, --topk_by, --order, --filter_zero_variance, --replay_ratio or a loss
+    or off-policy option below (--clip_eps, --kl_coef, --off_policy, --is_cap, ...)."""
     selection: SelectionOptions = field(default_factory=SelectionOptions)
+    loss: ReplayLossOptions = field(default_factory=ReplayLossOptions)
 
     @property
     def out_dir(self) -> Path:

@@ -19,6 +19,10 @@ Staleness model (``--staleness_model``):
 Either way the importance ratio uses the recorded behavior logprobs. The number of versions is planned
 before training by running the same selection on a copy of the store (selection does not depend on
 the model), so the learner never waits for data that will not come.
+
+With ``--eval_size N`` every published version is kept and, after training, version 0 and each replayed version
+are evaluated on N held-out problems (:func:`evaluate_versions`). ``--sweep FLAG=V1,V2,...`` runs this replay
+once per value (:mod:`distrl.cmd.replay_sweep`, which `distrl replay` calls).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from distrl.cmd.config import ReplayConfig, TrainConfig, buffer_options
 from distrl.cmd.stacks import needed, probe_here, settle_stacks
 
 log = logging.getLogger("distrl.cmd.replay")
-OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed")
+OVERRIDES = ("batch_size", "topk", "max_staleness", "learner", "learning_rate", "seed", "clip_eps", "clip_eps_low",
+             "clip_eps_high", "kl_coef", "off_policy", "is_cap", "is_level", "is_mask_low", "is_mask_high")
 GAP_TAG = "learner/logprob_mismatch_mean_abs"  # mean |learner - behavior logprob| per token, nats
 # The first replayed version's GAP_TAG above this (nats per token) means another base model: the same weights
 # give ~1e-6 in float32 and ~1e-2 between bf16 engines and learners; a step at usual learning rates moves far less
@@ -112,14 +117,17 @@ def plan_versions(train: TrainConfig, source: str | Path, restamp: bool) -> tupl
 
 
 def replay(cfg: ReplayConfig) -> dict:
-    """Train from the log of ``cfg.source``; returns the summary also written to ``<out>/summary.json``.
+    """Train from the log of ``cfg.source``; returns the summary also written to ``<out>/summary.json``
+    (``--sweep``: :func:`distrl.cmd.replay_sweep.run_sweep` runs this once per value).
 
     Raises FileExistsError if the output directory exists, ValueError if the log is empty or cannot feed
-    one version under the given rules, FileNotFoundError if it holds no log.
+    one version under the given rules (or ``cfg.sweep`` is set), FileNotFoundError if it holds no log.
     """
     from distrl.buffer.segments import read_groups
     from distrl.core.logs import setup_logging
 
+    if cfg.sweep is not None:
+        raise ValueError("--sweep: run it with distrl.cmd.replay_sweep.replay_or_sweep (`distrl replay` does)")
     out_dir = cfg.out_dir
     if out_dir.exists():
         raise FileExistsError(f"replay directory {out_dir} exists: pick another --run_name or remove it")
@@ -145,22 +153,70 @@ def replay(cfg: ReplayConfig) -> dict:
     start = time.time()
     model = model_dir(cfg, train, out_dir)
     result = _train(cfg, train, model, out_dir, restamp)
-    history = result["history"]
-    gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
-    summary = {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
-               "model": model, "first_logprob_gap": gap, "first_logprob_gap_version": gap_version,
-               "log_groups": groups, "staleness_model": cfg.staleness_model, "replay_ratio": train.replay_ratio,
-               "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
-               "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
-               "reward_by_version": [h["learner/reward_mean"] for h in history], "wall_s": time.time() - start}
+    evaluated = [v for v in range(result["version"] + 1) if v % (cfg.eval_every or 1) == 0 or v == result["version"]]
+    accuracy = evaluate_versions(train, model, out_dir, evaluated, cfg.eval_size) if cfg.eval_size else []
+    summary = _summary(cfg, train, model, out_dir, result, groups, dict(zip(evaluated, accuracy)), start)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    gap, gap_version = summary["first_logprob_gap"], summary["first_logprob_gap_version"]
     print(f"\ndistrl replay: {summary['versions']} versions from {groups} logged groups in {summary['wall_s']:.1f}s "
           f"(staleness model {cfg.staleness_model}, replay ratio {train.replay_ratio})\n"
           f"  started from: {model} (logprob gap {'-' if gap is None else f'{gap:.2e}'} nats/token "
           f"at version {gap_version})\n"
           f"  staleness max by version: {summary['staleness_max_by_version']}\n"
-          f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
+          + (f"  held-out accuracy at versions {evaluated}: {[round(a, 4) for a in accuracy]}\n" if accuracy else "")
+          + f"  TensorBoard: tensorboard --logdir {out_dir}/tb")
     return summary
+
+
+def _summary(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, result: dict, groups: int,
+             accuracy: dict[int, float], start: float) -> dict:
+    """summary.json of a replay: versions, the base model and its logprob gap, staleness by version, the
+    logged reward by version (the source run's policy earned it, not the replay's), held-out accuracy (0-1) at
+    the ``heldout_versions`` evaluated (``accuracy``: version -> accuracy; empty without --eval_size), seconds
+    since ``start``."""
+    history = result["history"]
+    gap_version, gap = check_first_gap(out_dir / "tb" / "learner0") or (None, None)
+    return {"run_dir": str(out_dir), "source": str(Path(cfg.source).resolve()), "versions": result["version"],
+            "model": model, "first_logprob_gap": gap, "first_logprob_gap_version": gap_version,
+            "log_groups": groups, "staleness_model": cfg.staleness_model, "replay_ratio": train.replay_ratio,
+            "staleness_mean_by_version": [h["learner/staleness_mean"] for h in history],
+            "staleness_max_by_version": [h["learner/staleness_max"] for h in history],
+            "reward_by_version": [h["learner/reward_mean"] for h in history],
+            "heldout_versions": list(accuracy), "heldout_accuracy_by_version": list(accuracy.values()),
+            "wall_s": time.time() - start}
+
+
+def evaluate_versions(train: TrainConfig, model: str, out_dir: Path, versions: list[int], size: int) -> list[float]:
+    """Held-out accuracy (greedy pass@1, 0-1) at each of ``versions`` (ascending): ``model`` for 0, else
+    ``out_dir``'s published ``weights/vNNNNNN``, on ``size`` problems of the task (``Task.heldout(size, seed)``, as
+    `distrl train --eval_size` picks them), with the ``hf`` engine; each version also one line of
+    ``<out_dir>/eval.jsonl``. Raises FileNotFoundError if a version's weights are gone."""
+    from distrl.cmd.evaluate import adapter_format
+    from distrl.rollout.engines import make_engine
+    from distrl.rollout.evaluation import eval_line, evaluate_engine
+    from distrl.rollout.tasks import load_task
+
+    task = load_task(train.task, train.dataset, seed=train.seed, arith_ops=train.arith_ops,
+                     arith_max_operand=train.arith_max_operand)
+    task.set_prompt(train.prompt_template, train.chat_template)
+    problems = task.heldout(size, train.seed)
+    engine = make_engine("hf", model, train.tokenizer, train.dtype, train.lora_rank, train.max_model_len,
+                         seed=train.seed, lora=train.finetune == "lora")
+    accuracy = []
+    try:
+        with open(out_dir / "eval.jsonl", "w") as lines:
+            for version in versions:
+                if version:
+                    path = out_dir / "weights" / f"v{version:06d}"
+                    engine.load_weights(version, adapter_format(path)[1], path)
+                t0 = time.perf_counter()
+                report = evaluate_engine(engine, task, problems, temperature=0.0,
+                                         max_new_tokens=train.max_new_tokens, seed=train.seed)
+                lines.write(json.dumps(eval_line(report, 0.0, time.perf_counter() - t0)) + "\n")
+                accuracy.append(report.metrics["accuracy"])
+    finally:
+        engine.close()
+    return accuracy
 
 
 def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, restamp: bool) -> dict:
@@ -175,7 +231,8 @@ def _train(cfg: ReplayConfig, train: TrainConfig, model: str, out_dir: Path, res
     thread.start()
     parts = None
     try:  # no actors fetch its versions (no linger) and it writes no checkpoints
-        parts = build_learner(train, 0, 1, out_dir, model, server.address, checkpoints=False)
+        parts = build_learner(train, 0, 1, out_dir, model, server.address, checkpoints=False,
+                              keep_weights=train.max_steps + 1 if cfg.eval_size else None)
         return parts.run()
     finally:
         if parts is not None:

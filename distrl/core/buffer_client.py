@@ -43,6 +43,7 @@ from distrl.core import wire
 from distrl.core.errors import NoProgress
 from distrl.core.rows import COMPLETION_SCHEMA
 from distrl.core.security import apply_client_keys, connect_run_keys
+from distrl.core.tcp import allow_ipv6
 from distrl.core.wire import ErrorCode, Header, MsgType
 
 log = logging.getLogger(__name__)
@@ -304,7 +305,7 @@ class BufferClient(BufferApi):
             apply_client_keys(self._sock, *self._curve)
         else:
             connect_run_keys(self._sock, "buffer")
-        self._sock.connect(self.address)
+        allow_ipv6(self._sock, self.address).connect(self.address)
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
                  resend_s: float | None = None, limit_s: float | None = None,

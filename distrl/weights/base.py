@@ -44,6 +44,7 @@ import zmq
 from distrl.core import wire
 from distrl.core.errors import BindError
 from distrl.core.security import connect_run_keys, run_keys, serve_run_keys
+from distrl.core.tcp import allow_ipv6
 
 TOPIC = b"weights"
 MAX_REQUEST_BYTES = 64 * 1024  # LATEST and FETCH requests are one small header
@@ -139,13 +140,13 @@ class WeightPublisher:
         self._pub.linger = 0
         if self._curve is not None:
             self._curve.apply(self._pub)
-        self.pub_address = _bind(self._pub, pub_address)
+        self.pub_address = _bind(allow_ipv6(self._pub, pub_address), pub_address)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.linger = 0
         if self._curve is not None:
             self._curve.apply(self._router)
         self._router.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # requests are small: drop larger peers
-        self.latest_address = _bind(self._router, latest_address)
+        self.latest_address = _bind(allow_ipv6(self._router, latest_address), latest_address)
         self._latest = BASE
         self._payloads: dict[int, Announcement] = {}  # retained versions, served to FETCH
         self._lock = threading.Lock()
@@ -288,7 +289,7 @@ class WeightSubscriber:
         self._sub.linger = 0
         self._sub.setsockopt(zmq.SUBSCRIBE, TOPIC)
         connect_run_keys(self._sub, "weights")
-        self._sub.connect(pub_address)
+        allow_ipv6(self._sub, pub_address).connect(pub_address)
         self._latest_address = latest_address
         self._sender = sender
         self.newest = BASE
@@ -323,7 +324,7 @@ class WeightSubscriber:
         sock.linger = 0
         connect_run_keys(sock, "weights")
         try:
-            sock.connect(self._latest_address)
+            allow_ipv6(sock, self._latest_address).connect(self._latest_address)
             sock.send_multipart(wire.encode(wire.MsgType.LATEST, self._sender))
             if not sock.poll(int(timeout_s * 1000)):
                 raise TimeoutError(f"no answer from weight endpoint {self._latest_address} in {timeout_s}s")

@@ -21,6 +21,7 @@ import zmq
 
 from distrl.core import wire
 from distrl.core.security import connect_run_keys
+from distrl.core.tcp import allow_ipv6
 from distrl.weights.base import CHUNK_BYTES, Announcement, DirectoryLoader, WeightError
 from distrl.weights.fs import directory_digest, prune_versions
 
@@ -50,7 +51,7 @@ class ZmqFetcher(DirectoryLoader):
         sock.linger = 0
         connect_run_keys(sock, "weights")  # a CURVE client of the publisher when the process has run keys
         try:
-            sock.connect(self.endpoint)
+            allow_ipv6(sock, self.endpoint).connect(self.endpoint)
             manifest = self._request(sock, version=ann.version)
             if manifest["digest"] != ann.digest:
                 raise WeightError(f"version {ann.version}: endpoint serves digest {manifest['digest'][:12]}, "

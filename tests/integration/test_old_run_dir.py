@@ -78,3 +78,20 @@ def test_old_run_dir_replays(tmp_path):
     assert summary["model"] == str(source / "model")  # the tiny model the old run built, not a new one
     # the source stored "unsloth": settled again on this host by its probe, as a resume does
     assert json.loads((tmp_path / "replayed" / "config.json").read_text())["backend"] in ("unsloth", "hf")
+
+
+def test_resume_of_a_finished_run_finds_nothing_to_do_before_ray(tmp_path, monkeypatch):
+    """In process: `train` answers "nothing to do" without ray.init (made to fail here) or a run directory write."""
+    import ray
+
+    from distrl.cmd.config import TrainConfig
+    from distrl.cmd.trainer import train
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("ray.init called for a run with nothing to do")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    run_dir = copy_fixture(tmp_path)
+    summary = train(TrainConfig(resume=str(run_dir), max_steps=3))
+    assert summary == {"run_dir": str(run_dir.resolve()), "versions": 3, "nothing_to_do": True}
+    assert not ray.is_initialized()

@@ -112,3 +112,42 @@ def test_replay_of_a_warm_started_run_starts_from_its_warm_start(warm_started_ru
     assert json.loads((wrong / "summary.json").read_text())["first_logprob_gap"] > 0.1
     assert "the model replayed from is not the one that generated the log" in (
         wrong / "logs" / "replay.log").read_text()
+
+
+def test_sweep_writes_table_and_plot_and_each_value_is_its_plain_replay(source_run):
+    """`--sweep max_staleness=0,1` replays the log once per value into `<run>/max_staleness-<v>/` and writes
+    sweep.md, .csv, .json and .png; value 0's numbers (held-out accuracy and mean length by version, staleness,
+    the logged reward, the trained weights byte for byte) are those of a plain `distrl replay --max_staleness 0`."""
+    sweep = replay(source_run, "sweep", "--sweep", "max_staleness=0,1", "--eval_size", "8")
+    assert {"sweep.md", "sweep.csv", "sweep.json", "sweep.png", "max_staleness-0", "max_staleness-1"} <= {
+        p.name for p in sweep.iterdir()}
+    assert (sweep / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = json.loads((sweep / "sweep.json").read_text())
+    assert (result["flag"], result["values"], result["eval_size"]) == ("max_staleness", ["0", "1"], 8)
+    plain = replay(source_run, "plain0", "--max_staleness", "0", "--eval_size", "8")
+    swept, alone = (json.loads((d / "summary.json").read_text()) for d in (sweep / "max_staleness-0", plain))
+    keys = ("versions", "heldout_accuracy_by_version", "staleness_max_by_version", "staleness_mean_by_version",
+            "reward_by_version", "first_logprob_gap")
+    assert {k: swept[k] for k in keys} == {k: alone[k] for k in keys}
+    accuracy = alone["heldout_accuracy_by_version"]
+    assert len(accuracy) == alone["versions"] + 1 and alone["staleness_max_by_version"] == [0] * alone["versions"]
+    assert result["runs"]["0"]["heldout_accuracy_by_version"] == accuracy
+    assert max(result["runs"]["1"]["staleness_max_by_version"]) == 1  # each value replayed with its own bound
+    assert evaluations(sweep / "max_staleness-0") == evaluations(plain)  # mean_length too (half_vocab: accuracy 0)
+    last = f"v{alone['versions']:06d}"
+    assert weight_files(sweep / "max_staleness-0" / "weights" / last) == weight_files(plain / "weights" / last)
+    # the table: a row per version, a column per value; value 0's column is the plain replay's accuracy
+    csv = [line.split(",") for line in (sweep / "sweep.csv").read_text().splitlines()]
+    assert csv[0] == ["version", "max_staleness=0", "max_staleness=1"]
+    assert [float(row[1]) for row in csv[1:len(accuracy) + 1]] == [round(a, 4) for a in accuracy]
+    assert "| version | max_staleness=0 | max_staleness=1 |" in (sweep / "sweep.md").read_text()
+
+
+def weight_files(version_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(version_dir)): p.read_bytes() for p in sorted(version_dir.rglob("*")) if p.is_file()}
+
+
+def evaluations(run_dir: Path) -> list[dict]:
+    """eval.jsonl's metrics by version, without its timings."""
+    lines = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in ("wall_s", "eval_s")} for line in lines]

@@ -13,6 +13,7 @@ import pytest
 from distrl.buffer.replica import ReplicaServer
 from distrl.buffer.segments import groups_by_actor, read_consumed, read_groups
 from distrl.core.buffer_client import BufferClient
+from distrl.core.errors import BindError
 from tests.helpers import make_group, new_buffer
 
 
@@ -94,3 +95,14 @@ def test_resume_without_log_or_replica_refuses(tmp_path):
     finally:
         replica.close()
     assert not list((tmp_path / "run").glob("segments/*"))  # nothing started, nothing written
+
+
+def test_a_replica_that_cannot_bind_raises_bind_error_and_releases_its_lock(tmp_path):
+    """It raised AttributeError from close() (its state was set after the bind) and kept the lock."""
+    first = ReplicaServer(tmp_path / "first", "tcp://127.0.0.1:0")
+    try:
+        with pytest.raises(BindError, match="replica cannot bind"):
+            ReplicaServer(tmp_path / "second", first.address)
+        ReplicaServer(tmp_path / "second", "tcp://127.0.0.1:0").close()  # the lock was released
+    finally:
+        first.close()

@@ -26,8 +26,9 @@ def distrl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
 
-def test_version_prints_the_package_version():
-    done = distrl("--version")
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_the_package_version(flag):
+    done = distrl(flag)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"distrl {importlib.metadata.version('distrl')}\n", "")
 
 
