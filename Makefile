@@ -38,9 +38,12 @@ demo: setup
 		--number_of_actors 1 --max_staleness 1 --eval_every 10 --eval_size 512 --log_dir $(DEMO_LOG_DIR)
 
 # Two pytest-xdist workers (one per core of the CI machine): end-to-end runs idle while Ray and their roles start,
-# so two side by side took 93 s where one after the other took 126 s; tests/conftest.py groups each file's tests.
+# so two side by side took 93 s where one after the other took 126 s. --dist loadfile: a file's tests run on one
+# worker, so a module-scoped run (test_users_run.py's, test_replay.py's) is made once, and tests of one file that
+# use one fixed port run one after another. (--dist loadgroup's xdist_group marks do not group under pytest 9.2:
+# xdist renames item._nodeid, which pytest 9's nodeid no longer reads.) --durations: the slowest, in every CI log.
 test: setup
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -m "not slow and not gpu" -q -n 2 --dist loadgroup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -m "not slow and not gpu" -q -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -95,24 +95,6 @@ def test_replay_restamp_with_replay_ratio_two_reuses_every_group(source_run):
     check_tensorboard(out, expected)
 
 
-def test_replay_of_a_warm_started_run_starts_from_its_warm_start(warm_started_run):
-    """A run warm-started for a few steps (tests/integration/conftest.py, shared with test_demo.py): the replay
-    starts from `<run>/warm_start` (and says so), so the first version's behavior-vs-learner logprob gap is at the
-    float32 level; told to start from the pre-warm-start model instead, it warns that the gap is far above the
-    bf16 level."""
-    source = warm_started_run[0]
-    flags = ("--replay_ratio", "2", "--staleness_model", "restamp", "--max_steps", "3")
-    out = replay(source, "right", *flags)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["model"] == str(source / "warm_start")
-    assert "replay starts from " + str(source / "warm_start") in (out / "logs" / "replay.log").read_text()
-    assert summary["first_logprob_gap"] < 1e-3, summary  # float32 on CPU: ~1e-7
-    assert "logprob gap" not in (out / "logs" / "replay.log").read_text()
-    wrong = replay(source, "wrong", *flags, "--model", str(source / "model"))
-    assert json.loads((wrong / "summary.json").read_text())["first_logprob_gap"] > 0.1
-    assert "the model replayed from is not the one that generated the log" in (
-        wrong / "logs" / "replay.log").read_text()
-
 
 def test_sweep_writes_table_and_plot_and_each_value_is_its_plain_replay(source_run):
     """`--sweep max_staleness=0,1` replays the log once per value into `<run>/max_staleness-<v>/` and writes

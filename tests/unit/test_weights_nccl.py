@@ -74,6 +74,8 @@ def test_two_actors_receive_each_version_bit_exact_and_refuse_a_bad_checksum():
             q.put(bad)
         got = [results.get(timeout=60) for _ in range(actors)]
         assert all(version == -1 and "checksum" in text for _, version, text in got)
+        # The receivers can finish a round before the sender's poll sees its end: wait for it, then count.
+        assert sender.flush(timeout_s=30)
     finally:
         sender.close()
         for p in procs:
