@@ -31,7 +31,11 @@ def test_smoke_runs_both_modes_to_the_same_tokens(tmp_path):
     assert 0 < res["decode"]["b4"]["tok_s"] < res["decode"]["b4"]["roofline_tok_s"]
     assert res["summary"]["decode_roofline_fraction_b4"] == res["decode"]["b4"]["roofline_fraction"]
     b4 = res["decode"]["b4"]
-    assert b4["decode_steps_tok_s"] > 0 and len(b4["prefill_s"]) == 1  # 15 steps against the 1-token call's 7
+    # decode_steps_tok_s comes from a difference of two timings (15 steps against the 1-token call's 7): None when a
+    # loaded machine makes it non-positive, with its fractions None too; timing itself is not asserted here.
+    steps = b4["decode_steps_tok_s"]
+    assert (steps is None and b4["decode_steps_roofline_fraction"] is None) or steps > 0
+    assert len(b4["prefill_s"]) == 1
     assert len(b4["prefill"]["causal_s"]) == len(b4["prefill"]["masked_s"]) == 1 and b4["prefill"]["causal_speedup"] > 0
 
 
