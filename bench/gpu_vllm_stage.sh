@@ -33,6 +33,8 @@
 #   ac[:FLAGS]                    bench.actor_call FLAGS (commas: spaces) on SmolLM2 and GSM8K: where an actor's call goes
 #   peer:WORKLOAD[:FLAGS]         bench.vs_peer run --workload variable|arith FLAGS (commas: spaces): verl 0.9.1 (GRPO,
 #                                 colocated) against distrl (issue 43); needs the peer's wheels staged first (below)
+#   mt[:SEEDS[:FLAGS]]            bench.multiturn run (SmolLM2 with and without --env calculator, issue 44) once per
+#                                 seed of SEEDS (commas; default 1,2), the seeds' runs side by side on the GPU
 #   mps:on|off                    a private CUDA MPS control daemon (pipe /tmp/mps/pipe): `on` starts it and checks that
 #                                 a CUDA process runs under it, after which env-run's processes are its clients; `off`
 #                                 quits it (the GPU's compute mode is left as it is)
@@ -173,6 +175,12 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --dataset /tmp/v22stage/gsm8k_train.jsonl --peer_site /tmp/peer_site --out "$g/peer$k" \
           --work "/tmp/vs_peer$k" ${b//,/ } ;;
     mps) step "$k-mps-$a" bash "$0" mps "$a" ;;
+    mt) local seeds=() sd; IFS=',' read -r -a seeds <<< "${a:-1,2}"
+          mt_seed() { bash "$0" env-run python3 -m bench.multiturn run --model "$model" --seed "$1" \
+                        --out "$g/mt$k-s$1" --work "/tmp/multiturn$k-s$1" ${b//,/ }; }
+          mt_all() { local pids=() s rc=0; for s in "${seeds[@]}"; do mt_seed "$s" > "$g/mt$k-s$s.out" 2>&1 & pids+=($!); done
+                     for s in "${pids[@]}"; do wait "$s" || rc=$?; done; return "$rc"; }
+          step "$k-mt" mt_all ;;
     ac) step "$k-ac" bash "$0" env-run python3 -m bench.actor_call --model "$model" \
           --dataset /tmp/v22stage/gsm8k_train.jsonl --out "$g/ac$k" ${a//,/ } ;;
     *) echo "$(date +%T) unknown step $spec" >> "$g/steps" ;;
@@ -212,7 +220,7 @@ case "$mode" in
   session) cd "$ROOT" && session ;;
   poll) for _ in $(seq "${2:-60}"); do [ -f /tmp/g22/DONE ] && break; sleep 1; done
     tar czf "$OUT/g22.tgz" -C /tmp g22 $(cd /tmp && find gpu_vllm \( -name "*.log" -o -name "*.out" \) -size -4M 2>/dev/null) \
-      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb vs_trl*/*/logs vs_peer*/*/*.log \
+      $(cd /tmp && ls -d real_workload/*/tb real_workload/*/logs real_model*/*/logs real_model*/*/tb multiturn*/*/logs multiturn*/*/eval.jsonl vs_trl*/*/logs vs_peer*/*/*.log \
         vs_trl*/*/tb startup*/*/logs startup*/*/summary.json 2>/dev/null) || true
     cat /tmp/g22/steps; for f in /tmp/g22/*.log; do echo "== $f"; tail -n 6 "$f"; done
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
