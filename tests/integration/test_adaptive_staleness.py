@@ -8,7 +8,7 @@ from pathlib import Path
 from distrl.buffer.segments import read_consumed
 from tests.integration.test_train import distrl, run, scalars
 
-VERSIONS = 10
+VERSIONS = 8
 
 
 def test_auto_bound_moves_and_is_never_exceeded(tmp_path: Path):

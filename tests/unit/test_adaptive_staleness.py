@@ -195,3 +195,23 @@ def test_a_buffer_run_alone_takes_the_bound_over_zmq(tmp_path):
             c.get(1, timeout_s=0.2, max_staleness=0)
         stats = c.stats()
     assert (stats["max_staleness"], stats["evicted_stale"], stats["groups"]) == (0, 2, 0)
+
+
+def test_a_resumed_buffer_starts_from_the_last_announced_bound(tmp_path):
+    from tests.helpers import new_buffer
+
+    with serving(tmp_path, max_staleness="auto:3") as server, client(server) as c:
+        assert c.stats()["max_staleness"] == 0
+        c.put_many([make_group(name, policy_version=0) for name in "abcd"])
+        c.get(0, max_staleness=0)
+        c.get(1, max_staleness=2)
+    resumed = new_buffer(tmp_path, resume=True, max_staleness="auto:3")
+    try:
+        assert resumed.handlers.store.max_staleness == 2
+    finally:
+        resumed.close()
+    fixed = new_buffer(tmp_path, resume=True, max_staleness=1)  # a fixed bound is the config's, not the log's
+    try:
+        assert fixed.handlers.store.max_staleness == 1
+    finally:
+        fixed.close()
