@@ -3,11 +3,13 @@ enforces between 0 and a ceiling, from off-policy signals the learner already me
 
 Signals (per version, token means over the whole version's batch, all ranks averaged so every rank agrees):
 
-| name | metric | what it measures | band (flag, default) |
+| name | metric | what it measures | band: flag (default) |
 |---|---|---|---|
-| kl | ``learner/kl_behavior_learner_k3`` | k3 estimate of KL(behavior mu \\|\\| learner pi), nats/token | ``--staleness_kl_max`` 0.02 |
-| spread | ``learner/logprob_mismatch_mean_abs`` | mean \\|log pi/mu\\|: the spread of the importance ratios | ``--staleness_spread_max`` 0.2 |
-| clip | ``learner/clip_fraction`` | tokens whose clipped PPO/GRPO term wins (zero gradient) | ``--staleness_clip_max`` 0.2 |
+| kl | ``learner/kl_behavior_learner_k3`` | k3 of KL(behavior mu, learner pi), nats/token | kl_max (0.02) |
+| spread | ``learner/logprob_mismatch_mean_abs`` | mean abs(log pi/mu), the ratios' spread | spread_max (0.2) |
+| clip | ``learner/clip_fraction`` | tokens whose clipped PPO/GRPO term wins | clip_max (0.2) |
+
+The flags are ``--staleness_kl_max``, ``--staleness_spread_max`` and ``--staleness_clip_max``.
 
 Rule (additive increase, multiplicative decrease, as TCP's congestion window, Chiu & Jain 1989): the bound starts
 at 0 (on-policy); after ``--staleness_patience`` consecutive versions with every measured signal at or below its

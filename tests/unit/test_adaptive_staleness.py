@@ -2,9 +2,9 @@
 announced bound and its credits, the wire field and the consumption log's bound column."""
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
