@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 def make_store(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOptions, selection: SelectionOptions,
                storage: StorageOptions, restamp: bool = False, bounded: bool = True) -> GroupStore:
     """The GroupStore of these sections (batch shape, staleness, top-k, selection and memory options);
-    ``bounded`` False: no memory bound (offline replay holds the whole log it replays)."""
-    return GroupStore(batch.batch_size, staleness.max_staleness, keep.topk or batch.group_size, batch.group_size,
-                      selection.topk_by, selection.order, selection.filter_zero_variance, selection.replay_ratio,
-                      storage.max_rows if bounded else None, storage.max_bytes if bounded else None, restamp,
-                      storage.dedup_window, selection.max_filtered_groups)
+    ``bounded`` False: no memory bound (offline replay holds the whole log it replays). With
+    ``--max_staleness auto`` the store starts at the bound's initial value (0) and the learners announce it."""
+    bound = staleness.bound
+    store = GroupStore(batch.batch_size, bound.initial, keep.topk or batch.group_size, batch.group_size,
+                       selection.topk_by, selection.order, selection.filter_zero_variance, selection.replay_ratio,
+                       storage.max_rows if bounded else None, storage.max_bytes if bounded else None, restamp,
+                       storage.dedup_window, selection.max_filtered_groups)
+    store.bound_moves = bound.auto
+    return store
 
 
 def build_buffer(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOptions, selection: SelectionOptions,

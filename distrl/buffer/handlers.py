@@ -141,6 +141,8 @@ class Handlers:
         stalled = self.stalled()
         if stalled is not None:
             raise NoProgress(str(stalled))  # a new one each time: a re-raised exception keeps its traceback
+        if header.max_staleness is not wire.UNSET:
+            self.store.announce_bound(header.max_staleness)
         before = self.store.selections
         shard = self.store.select(version, rank, world_size)
         if shard is None:
@@ -157,7 +159,7 @@ class Handlers:
                                reason=reason)
         if self.store.selections != before:  # a new selection: record every shard before any is sent
             for r, s in enumerate(self.store.selection(version)):
-                self.consumed.append(version, r, s, world_size)
+                self.consumed.append(version, r, s, world_size, self.store.max_staleness)
             self._log_selection(version)
         held = {"held_ms": round((time.monotonic() - held_since) * 1e3, 3)} if held_since else {}
         reply = wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,

@@ -93,8 +93,9 @@ class MirroredConsumptionLog(ConsumptionLog):
         self._mirrored = self._out.file.tell()  # append mode: the file's size
         self._reader = os.open(self.path, os.O_RDONLY)  # reads back each record (the log's file is write-only)
 
-    def append(self, learner_version: int, rank: int, shard, world_size: int = 1) -> None:
-        super().append(learner_version, rank, shard, world_size)
+    def append(self, learner_version: int, rank: int, shard, world_size: int = 1,
+               max_staleness: int | None = None) -> None:
+        super().append(learner_version, rank, shard, world_size, max_staleness)
         end = self._out.file.tell()
         line = os.pread(self._reader, end - self._mirrored, self._mirrored)
         self.mirror.write(CONSUMED_FILE, self._mirrored, [line], sync=self.fsync == "always")

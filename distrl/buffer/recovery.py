@@ -72,6 +72,9 @@ def restore_store(store: GroupStore, directory: str | os.PathLike, use_consumed:
     if version is None:  # drop a half-written last selection: its groups were never handed out
         newest = max((r["learner_version"] for r in records), default=None)
         records = [r for r in records if r["learner_version"] != newest]
+    bounds = [r["max_staleness"] for r in records if "max_staleness" in r]
+    if bounds and store.bound_moves:  # the bound in force at the last selection (a moving one, --max_staleness auto)
+        store.announce_bound(bounds[-1])
     uses = Counter(gid for rec in records for gid in rec["group_ids"])
     needed = {gid for rec in last for gid in rec["group_ids"]}
     pool: list[pa.Table] = []

@@ -337,7 +337,8 @@ class ConsumptionLog:
     """Appends one JSON line per learner shard to ``<directory>/consumed.jsonl`` (fsync per policy).
 
     Each line: ``{"learner_version", "rank", "world_size", "group_ids", "sample_ids", "policy_versions",
-    "time"}``; ``policy_versions`` are those of the rows as handed out (re-stamped ones under replay
+    "time", "max_staleness"}`` (``max_staleness``: the bound in force when the selection was made, when the
+    buffer gave it); ``policy_versions`` are those of the rows as handed out (re-stamped ones under replay
     ``restamp``), ``time`` is unix seconds. All shards of a selection are written when it is made.
     """
 
@@ -346,12 +347,15 @@ class ConsumptionLog:
         self.path, self.fsync = Path(directory) / CONSUMED_FILE, fsync
         self._out = _SyncedFile(self.path, fsync, mode="ab")
 
-    def append(self, learner_version: int, rank: int, shard: pa.Table, world_size: int = 1) -> None:
+    def append(self, learner_version: int, rank: int, shard: pa.Table, world_size: int = 1,
+               max_staleness: int | None = None) -> None:
         """Record the groups and samples of one shard (flushed; fsynced per policy)."""
         group_ids = list(dict.fromkeys(shard.column("group_id").to_pylist()))
         line = {"learner_version": learner_version, "rank": rank, "world_size": world_size,
                 "group_ids": group_ids, "sample_ids": shard.column("sample_id").to_pylist(),
                 "policy_versions": shard.column("policy_version").to_pylist(), "time": time.time()}
+        if max_staleness is not None:
+            line["max_staleness"] = max_staleness
         self._out.file.write((json.dumps(line) + "\n").encode())
         self._out.written()
 

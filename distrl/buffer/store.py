@@ -125,6 +125,7 @@ class GroupStore:
         self.filtered_in_a_row = 0  # zero-variance evictions since the last group that passed the filter
         self.last_staleness: list[int] = []
         self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
+        self.bound_moves = False  # the learners announce max_staleness (announce_bound): resume restores it
 
     # ---- PUT: the intake's, and where it holds the groups of a PUT -----------------------------
 
@@ -387,6 +388,22 @@ class GroupStore:
         net of refunds): ``(learner_version + max_staleness + 1) * batch_size``."""
         return (self.learner_version + self.max_staleness + 1) * self.batch_size
 
+    def announce_bound(self, max_staleness: int) -> None:
+        """Set the staleness bound in force from now on (learners that move it announce it with their GET,
+        ``--max_staleness auto``). Raises ValueError if it is negative.
+
+        Lowering it never strands an actor: groups held that the new bound makes stale are evicted at once and
+        their credits refunded, groups PUT later under credits granted at the higher bound are held if the new
+        bound admits them and evicted (refunded) if not, and no new credit is granted until the groups in play
+        fit the new rule, which the learners' next versions make room for.
+        """
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.bound_moves = True
+        lowered, self.max_staleness = max_staleness < self.max_staleness, max_staleness
+        if lowered:
+            self._evict_stale()
+
     # ---- stats -------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int | float | bool | list[int]]:
@@ -399,6 +416,7 @@ class GroupStore:
             "selections": self.selections, "last_staleness": list(self.last_staleness),
             "filtered_in_a_row": self.filtered_in_a_row, "credits_allowed": self.allowed_groups,
             "credit_violations": self.credit_violations, "credit_excess_max": self.credit_excess_max,
+            "max_staleness": self.max_staleness,
         }
         stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})
         return stats

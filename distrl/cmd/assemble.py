@@ -163,7 +163,7 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
             The nccl broadcast group meets on the second one's host.
         resume: restore the newest checkpoint under ``<run_dir>/ckpt/``.
         checkpoints: write checkpoints and the final export (replay writes neither).
-        keep_weights: published versions kept under ``weights/`` (None: ``max_staleness + 4``; a replay that
+        keep_weights: published versions kept under ``weights/`` (None: the staleness ceiling + 4; a replay that
             evaluates every version keeps them all).
     Raises what a part raises, after closing the parts opened before it.
     """
@@ -175,7 +175,7 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
     parts = AssembledLearner(rank, cfg.number_of_actors)
     try:
         if rank == 0:
-            options = PublishOptions(run_dir / "weights", keep=keep_weights or cfg.max_staleness + 4,
+            options = PublishOptions(run_dir / "weights", keep=keep_weights or cfg.staleness.bound.ceiling + 4,
                                      pub_address=weights_bind[0],
                                      latest_address=weights_bind[1], broadcast_host=endpoint_host(weights_bind[1]),
                                      broadcast_port=cfg.weights_broadcast_port, actors=cfg.number_of_actors)

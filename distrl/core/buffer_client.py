@@ -164,7 +164,7 @@ class BufferApi:
         return list(header.seq_nos)
 
     def get(self, learner_version: int, rank: int = 0, world_size: int = 1, poll_s: float = 0.02,
-            timeout_s: float | None = None, on_wait=None) -> pa.Table:
+            timeout_s: float | None = None, on_wait=None, max_staleness: int | None = None) -> pa.Table:
         """This rank's shard of the selection for ``learner_version``, asking again every ``poll_s`` s
         while the buffer answers WAIT.
 
@@ -175,7 +175,8 @@ class BufferApi:
         GET_HOLD_S) and answer as soon as the batch can be made, instead of a WAIT now and a poll
         later; the sleep is then what is left of ``poll_s`` (none after a held GET; a buffer that does
         not hold answers at once and the client sleeps as before). ``last_get_held_s``: how long the
-        buffer held the request that got the batch.
+        buffer held the request that got the batch. ``max_staleness``: announce the staleness bound in force
+        from this version on (``--max_staleness auto``; None: the buffer keeps its own).
         """
         start = time.monotonic()
         next_warning = start + 60.0
@@ -183,6 +184,8 @@ class BufferApi:
             hold = 0.0 if on_wait is not None else min(GET_HOLD_S, self.get_resend_s / 2, math.inf if timeout_s is None
                                                         else timeout_s - (time.monotonic() - start))
             fields = {"wait_s": round(hold, 3)} if hold >= 0.001 else {}
+            if max_staleness is not None:
+                fields["max_staleness"] = max_staleness
             sent = time.monotonic()
             header, body = self._request(MsgType.GET, resend_s=self.get_resend_s, learner_version=learner_version,
                                          rank=rank, world_size=world_size, **fields)

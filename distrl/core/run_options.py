@@ -12,7 +12,7 @@ derived values once at construction (``resolve``); the composed config calls bot
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 
 @dataclass
@@ -32,16 +32,60 @@ class BatchOptions:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
 
 
+AUTO_CEILING = 4  # `--max_staleness auto`'s ceiling when none is given
+
+
+@dataclass(frozen=True)
+class StalenessBound:
+    """A parsed ``--max_staleness``: a fixed bound, or ``auto[:CEILING]`` (a learner-side controller moves the
+    bound between 0 and ``ceiling``, distrl/learn/staleness.py, docs/offpolicy.md).
+
+    ``ceiling``: the largest bound the run may use, in versions (the fixed value itself, or auto's ceiling): what
+    weight publishers and attestors keep versions for. ``initial``: the bound at version 0 (the fixed value, 0 for
+    ``auto``). ``auto``: whether the learner announces a moving bound to the buffer.
+    """
+
+    ceiling: int
+    auto: bool = False
+
+    @property
+    def initial(self) -> int:
+        return 0 if self.auto else self.ceiling
+
+    @classmethod
+    def parse(cls, value: int | str) -> "StalenessBound":
+        """``3``, ``"3"``, ``"auto"`` or ``"auto:6"`` -> a bound. Raises ValueError naming --max_staleness
+        on anything else (a negative number, ``auto:`` without an integer, ``auto:-1``)."""
+        text = str(value).strip()
+        auto = text == "auto" or text.startswith("auto:")
+        number = (text[len("auto:"):] if text != "auto" else str(AUTO_CEILING)) if auto else text
+        if isinstance(value, bool) or not number.isdigit():
+            raise ValueError(f"--max_staleness must be an integer >= 0, `auto` or `auto:CEILING` (CEILING an "
+                             f"integer >= 0), got {value!r}")
+        return cls(int(number), auto)
+
+    def __str__(self) -> str:
+        return f"auto:{self.ceiling}" if self.auto else str(self.ceiling)
+
+
 @dataclass
 class StalenessOptions:
     """The staleness bound: the buffer enforces it, learner rank 0 keeps that many weight versions more."""
 
-    max_staleness: int = 1
-    """Largest `learner_version - policy_version` of a completion used to train; 0 is on-policy."""
+    max_staleness: Union[int, str] = 1
+    """Largest `learner_version - policy_version` of a completion used to train; 0 is on-policy. `auto` or
+    `auto:CEILING` (default ceiling 4): the learners move the bound between 0 and CEILING from the off-policy
+    signals they measure (--staleness_kl_max and the flags beside it; docs/offpolicy.md) and announce it to the
+    buffer with each version."""
 
     def check(self) -> None:
-        if self.max_staleness < 0:
-            raise ValueError(f"--max_staleness must be >= 0, got {self.max_staleness}")
+        """Raise ValueError naming --max_staleness when it is not an integer >= 0, `auto` or `auto:CEILING`."""
+        StalenessBound.parse(self.max_staleness)
+
+    @property
+    def bound(self) -> StalenessBound:
+        """The parsed bound (:class:`StalenessBound`); raises ValueError on a bad --max_staleness."""
+        return StalenessBound.parse(self.max_staleness)
 
 
 @dataclass

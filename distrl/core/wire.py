@@ -98,12 +98,15 @@ class Put(Message, frozen=True, tag="PUT"):
 class Get(Message, frozen=True, tag="GET"):
     """learner -> buffer: rank ``rank`` of ``world_size`` asks for its shard of version ``learner_version``.
     ``wait_s``: while no batch can be made the buffer may hold the request up to this many seconds and
-    answer BATCH as soon as one can (0: answer WAIT at once)."""
+    answer BATCH as soon as one can (0: answer WAIT at once). ``max_staleness``: the staleness bound in force
+    from this version on, announced by learners that move it (``--max_staleness auto``); absent, the buffer
+    keeps its own."""
 
     learner_version: Version
     rank: Annotated[int, Meta(ge=0, le=4095)]
     world_size: Annotated[int, Meta(ge=1, le=4096)]
     wait_s: Annotated[float, Meta(ge=0.0, le=60.0)] = 0.0
+    max_staleness: Version | UnsetType = UNSET
 
 
 class Credit(Message, frozen=True, tag="CREDIT"):

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from distrl.learn.staleness import StalenessBand
+
 OFF_POLICY = ("none", "tis", "decoupled")
 IS_LEVELS = ("token", "sequence")
 
@@ -146,6 +148,15 @@ class LearnOptions:
     """Tokens whose ratio pi/mu is below this get no loss (any --off_policy; default: no lower bound)."""
     is_mask_high: Optional[float] = None
     """Tokens whose ratio pi/mu is above this get no loss (any --off_policy; default: no upper bound)."""
+    staleness_kl_max: float = 0.02
+    """`--max_staleness auto`: the band's limit on k3 KL(behavior || learner), nats/token (TRPO's trust region;
+    distrl/learn/staleness.py, docs/offpolicy.md). Above it the bound halves at once."""
+    staleness_spread_max: float = 0.2
+    """`--max_staleness auto`: the band's limit on the mean |log pi/mu| (the importance ratios' spread), nats."""
+    staleness_clip_max: float = 0.2
+    """`--max_staleness auto`: the band's limit on the clip fraction (tokens whose clipped term wins)."""
+    staleness_patience: int = 3
+    """`--max_staleness auto`: consecutive versions with every signal in band before the bound rises by 1."""
     max_grad_norm: float = 1.0
     """Gradients are clipped to this global L2 norm before each step; 0 turns clipping off."""
     lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
@@ -237,6 +248,12 @@ class LearnOptions:
         if not self.kl_coef >= 0:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
         self.off_policy_config()  # the correction's own checks (--off_policy, --is_*)
+        self.staleness_band()  # --staleness_*
+
+    def staleness_band(self) -> StalenessBand:
+        """The adaptive staleness bound's band (distrl/learn/staleness.py); raises ValueError naming the flag."""
+        return StalenessBand(self.staleness_kl_max, self.staleness_spread_max, self.staleness_clip_max,
+                             self.staleness_patience)
 
     def off_policy_config(self) -> OffPolicyConfig:
         """The off-policy correction these flags give (distrl/learn/offpolicy.py); raises ValueError naming the flag."""

@@ -66,6 +66,7 @@ from distrl.learn.model import (
 )
 from distrl.learn.optim import build_optimizer
 from distrl.learn.quarantine import LearnerAttestation
+from distrl.learn.staleness import SIGNALS, StalenessController
 from distrl.learn.step_stats import History, combine
 from distrl.learn.tensor_metrics import to_floats
 
@@ -148,9 +149,12 @@ class Learner:
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
         self.attest = None if not shared.attest_weights else LearnerAttestation(  # distrl/learn/quarantine.py
-            learn, staleness.max_staleness, rank, world_size, self.body, self.head, self.model.config.vocab_size,
+            learn, staleness.bound.ceiling, rank, world_size, self.body, self.head, self.model.config.vocab_size,
             self.metrics)
         self.version = 0  # this process's one policy version (a LearnerGenerator reads it, never sets it)
+        bound = staleness.bound  # --max_staleness auto: the controller moves it, each GET announces it
+        self.controller = StalenessController(bound.ceiling, learn.staleness_band()) if bound.auto else None
+        self.max_staleness = bound.initial  # the staleness bound in force for self.version's batch
         # Called as while_waiting() each time a GET has to wait (--learner_generates sets it to generate with
         # this model at self.version); returns True if it did work, False to let the GET sleep instead.
         self.while_waiting = None
@@ -316,7 +320,8 @@ class Learner:
         while self.version < self.learn.max_steps:
             t0 = time.perf_counter()
             table = self.client.get(self.version, self.rank, self.world_size, timeout_s=1800,
-                                    on_wait=self.while_waiting)
+                                    on_wait=self.while_waiting,
+                                    max_staleness=self.max_staleness if self.controller is not None else None)
             wait_s = time.perf_counter() - t0
             idle_s += wait_s
             mark("first_batch")
@@ -324,6 +329,8 @@ class Learner:
                 table = self.attest.check(table, self.version)
             t1 = time.perf_counter()
             stats = self.train_step(table)
+            stats["learner/max_staleness"] = self.max_staleness  # the bound this version's batch was selected under
+            self._next_bound(stats)
             tokens += stats["tokens"]
             stats["learner/tokens_per_s"] = stats.pop("tokens") / (time.perf_counter() - t1)
             if torch.cuda.is_available():  # the most GPU memory torch's allocator held so far, GiB
@@ -362,9 +369,28 @@ class Learner:
         self.metrics.close()
         return {"rank": self.rank, "version": self.version, "history": history.rows()}
 
+    def _next_bound(self, stats: dict) -> None:
+        """--max_staleness auto: feed this version's signals to the controller (the ranks' means, so every rank
+        announces the same bound); ``self.max_staleness`` becomes the bound for the next version."""
+        if self.controller is None:
+            return
+        tags = list(SIGNALS.values())
+        signals = {tag: stats[tag] for tag in tags if tag in stats}
+        if self.world_size > 1:
+            sums = all_reduce_sum([stats.get(t, 0.0) for t in tags] + [float(t in stats) for t in tags],
+                                  self.world_size)
+            signals = {t: sums[i] / sums[len(tags) + i] for i, t in enumerate(tags) if sums[len(tags) + i]}
+        before = self.max_staleness
+        self.max_staleness = self.controller.update(signals)
+        if self.max_staleness != before:
+            log.info("learner%d: max_staleness %d -> %d after version %d (%s)", self.rank, before,
+                     self.max_staleness, self.version + 1,
+                     ", ".join(f"{t.split('/')[-1]} {v:.4f}" for t, v in signals.items()))
+
     def save_checkpoint(self, directory) -> Path:
         """Checkpoint this rank at ``self.version`` (distrl.learn.checkpoint; collective with several ranks)."""
-        extra = {"baseline": self.baseline.state_dict() if self.baseline is not None else None}
+        extra = {"baseline": self.baseline.state_dict() if self.baseline is not None else None,
+                 "staleness": self.controller.state_dict() if self.controller is not None else None}
         return save_checkpoint(directory, self.model, self.optimizer, self.scheduler, self.version,
                                self.config_json(), extra, self.rank, self.world_size)
 
@@ -374,11 +400,15 @@ class Learner:
         return json.dumps({k: v for s in sections for k, v in dataclasses.asdict(s).items()}, indent=2, sort_keys=True)
 
     def load_checkpoint(self, directory) -> dict:
-        """Restore weights, optimizer, LR schedule, RNG, baseline and version from ``directory``."""
+        """Restore weights, optimizer, LR schedule, RNG, baseline, version and the moving staleness bound
+        (``--max_staleness auto``) from ``directory``."""
         state = load_checkpoint(directory, self.model, self.optimizer, self.scheduler, self.rank)
         self.version = state["version"]
         if self.baseline is not None and state["extra"].get("baseline"):
             self.baseline.load_state_dict(state["extra"]["baseline"])
+        if self.controller is not None and state["extra"].get("staleness"):
+            self.controller.load_state_dict(state["extra"]["staleness"])
+            self.max_staleness = self.controller.bound
         return state
 
     def close(self) -> None:

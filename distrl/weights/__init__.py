@@ -31,7 +31,7 @@ class PublishOptions:
     """Where learner rank 0 publishes. Addresses are ``tcp://host:port`` (port 0: a free one)."""
 
     weights_dir: str | Path  # fs, zmq: each version's payload goes to <weights_dir>/vNNNNNN
-    keep: int = 4  # fs, zmq: versions retained on disk (a run keeps max_staleness + 4)
+    keep: int = 4  # fs, zmq: versions retained on disk (a run keeps its staleness ceiling + 4)
     pub_address: str = "tcp://127.0.0.1:0"  # announcements (ZMQ PUB)
     latest_address: str = "tcp://127.0.0.1:0"  # the weight endpoint: LATEST and FETCH (ZMQ ROUTER)
     broadcast_host: str = "127.0.0.1"  # nccl: this host, where the broadcast group's TCPStore listens

@@ -274,7 +274,7 @@ class DirectoryLoader(Loader):
         path = self.fetch(ann)
         try:
             engine.load_weights(ann.version, ann.format, path)
-        except FileNotFoundError as exc:  # pruned meanwhile: the publisher keeps max_staleness + 4 versions
+        except FileNotFoundError as exc:  # pruned meanwhile: the publisher keeps the staleness ceiling + 4 versions
             raise WeightError(f"weights of version {ann.version} were pruned while loading ({exc}): a slow actor "
                               f"takes a newer one") from exc
         return ann

@@ -76,3 +76,18 @@ def test_errors(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         lora.load_checkpoint(tmp_path / "v000009")
     assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_a_moving_staleness_bound_is_restored(tiny, tmp_path):
+    """`--max_staleness auto`: the bound in force and the controller's patience count come back on resume."""
+    cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_staleness="auto:3", max_steps=4)
+    a = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
+    assert a.max_staleness == 0 and a.controller.ceiling == 3
+    a.controller.bound, a.controller.calm = 2, 1
+    a.max_staleness, a.version = 2, 1
+    path = a.save_checkpoint(checkpoint_dir(tmp_path, a.version))
+    b = Learner(*learner_sections(cfg), 0, 1, ADDRESS, tiny)
+    state = b.load_checkpoint(path)
+    assert state["extra"]["staleness"] == {"bound": 2, "calm": 1}
+    assert (b.max_staleness, b.controller.bound, b.controller.calm) == (2, 2, 1)
+    assert TrainConfig.from_json(state["config_json"]).max_staleness == "auto:3"
