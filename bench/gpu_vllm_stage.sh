@@ -33,6 +33,9 @@
 #   ac[:FLAGS]                    bench.actor_call FLAGS (commas: spaces) on SmolLM2 and GSM8K: where an actor's call goes
 #   peer:WORKLOAD[:FLAGS]         bench.vs_peer run --workload variable|arith FLAGS (commas: spaces): verl 0.9.1 (GRPO,
 #                                 colocated) against distrl (issue 43); needs the peer's wheels staged first (below)
+#   bg:MODULE[:FLAGS]             python3 -m bench.MODULE FLAGS (commas: spaces), niced, no GPU, in the background: the next
+#                                 steps start at once (a CPU bench on the machine's 16 cores beside a GPU one)
+#   waitbg                        waits for every bg step's end
 #   mt[:SEEDS[:FLAGS]]            bench.multiturn run (SmolLM2 with and without --env calculator, issue 44) once per
 #                                 seed of SEEDS (commas; default 1,2), the seeds' runs side by side on the GPU
 #   mps:on|off                    a private CUDA MPS control daemon (pipe /tmp/mps/pipe): `on` starts it and checks that
@@ -175,6 +178,8 @@ run_step() {  # one STEP (see the header) as the K-th step: logs to /tmp/g22/K-N
           --dataset /tmp/v22stage/gsm8k_train.jsonl --peer_site /tmp/peer_site --out "$g/peer$k" \
           --work "/tmp/vs_peer$k" ${b//,/ } ;;
     mps) step "$k-mps-$a" bash "$0" mps "$a" ;;
+    bg) step "$k-bg-$a" env CUDA_VISIBLE_DEVICES= nice bash "$0" env-run python3 -m "bench.$a" ${b//,/ } & ;;
+    waitbg) wait ;;
     mt) local seeds=() sd; IFS=',' read -r -a seeds <<< "${a:-1,2}"
           mt_seed() { bash "$0" env-run python3 -m bench.multiturn run --model "$model" --seed "$1" \
                         --out "$g/mt$k-s$1" --work "/tmp/multiturn$k-s$1" ${b//,/ }; }
