@@ -26,6 +26,7 @@ REQUIRED = {
     "chaos.json": ["kills_total", "resumes", "versions_reached", "acked_lost", "trained_twice", "versions_backwards"],
     "buffer.json": ["ingest_vs_raw_zmq", "ingest_replicated_vs_unreplicated"],
     "startup.json": ["startup_s_hf_cold"],
+    "demo_tools.json": ["tool_gain_heldout", "tool_minus_notool", "runs"],  # make demo-tools (bench/demo_tools.py)
 }
 
 
