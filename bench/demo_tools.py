@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
         run = runs[-1]
         print(f"run {k + 1}: tool {run['tool_accuracy_before']:.3f} -> {run['tool_accuracy_after']:.3f} "
               f"(held-out gain {run['tool_gain_heldout']:+.3f}, {run['tool_wall_s']:.0f} s); no tool "
-              f"{run['notool_accuracy_before']:.3f} -> {run['notool_accuracy_after']:.3f} ({run['notool_wall_s']:.0f} s);"
-              f" tool minus no tool {run['tool_minus_notool']:+.3f}", flush=True)
+              f"{run['notool_accuracy_before']:.3f} -> {run['notool_accuracy_after']:.3f} "
+              f"({run['notool_wall_s']:.0f} s); tool minus no tool {run['tool_minus_notool']:+.3f}", flush=True)
     png = plot(runs, log_dir / "accuracy.png")
     md = report(runs, log_dir / "report.md", png)
     keys = ["tool_gain_heldout", "tool_minus_notool", "tool_accuracy_before", "tool_accuracy_after",

@@ -5,9 +5,10 @@ steps on the task's own problems, teacher-forced: the input is ``prompt + gold +
 cross-entropy is taken on the answer and EOS tokens only (the prompt's tokens get no loss), so the
 model learns the answer format and when to stop. With ``--env`` the input is a whole demonstrated episode
 (``transcript``: the command layer passes the environment's demonstrations in, so this package imports no
-rollout code) and the loss is on the model's turns only, never on the environment's observations. The result is saved with ``save_pretrained`` (model
-and tokenizer) to ``<run_dir>/warm_start/``, and every role then uses that directory as its base model:
-policy version 0 *is* the warm-started model, and RL alone earns what comes after.
+rollout code) and the loss is on the model's turns only, never on the environment's observations. The
+result is saved with ``save_pretrained`` (model and tokenizer) to ``<run_dir>/warm_start/``, and every
+role then uses that directory as its base model: policy version 0 *is* the warm-started model, and RL
+alone earns what comes after.
 
 Training problems come from the task's stream under a seed of their own (:data:`SFT_SEED`), apart
 from the actors' (``seed * 1000 + actor_id``); with the built-in ``arith`` task a held-out problem may
@@ -127,7 +128,7 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, 
             the data order: a fixed step count lands anywhere in that jump, a target does not.
         transcript: ``(problem, tokenizer) -> segments`` of one training sequence, ``(token ids, trained)`` in
             order (:func:`segments_batch`), e.g. a whole multi-turn episode whose observations are not trained
-            on (``distrl train --env``: the command passes ``distrl.rollout.envs.demonstrations``'). None: the
+            on (``distrl train --env``: the command passes those of ``distrl.rollout.envs.demonstrations``). None: the
             task's prompt, then its gold answer and EOS trained.
     Returns:
         :class:`SFTResult`. Raises ValueError on steps, learning_rate or batch_size out of range.

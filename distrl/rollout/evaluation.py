@@ -19,11 +19,12 @@ without one counts as correct when it is 1.0):
 version's weights, on a dataset.
 
 Periodic evaluation during training (``--eval_every N``, :class:`PeriodicEval`), run by rollout actor 0
-with its own engine (with ``--env``, whole episodes through its environment: :func:`evaluate_episodes`). Every actor leaves the held-out problems (``Task.heldout(--eval_size, --seed)``) out
-of its training stream; actor 0 also evaluates them (:func:`evaluate_engine`, the task's own reward) at
-version 0, at every multiple of N it serves, and at the final version. Each evaluation is logged
-as ``eval/<metric>`` (and ``eval/by_group/<group>/accuracy``) to the actor's TensorBoard with step =
-policy version, and appended as one JSON line to ``<run_dir>/eval.jsonl``::
+with its own engine (with ``--env``, whole episodes through its environment: :func:`evaluate_episodes`).
+Every actor leaves the held-out problems (``Task.heldout(--eval_size, --seed)``) out of its training stream;
+actor 0 also evaluates them (:func:`evaluate_engine`, the task's own reward) at version 0, at every
+multiple of N it serves, and at the final version. Each evaluation is logged as ``eval/<metric>`` (and
+``eval/by_group/<group>/accuracy``) to the actor's TensorBoard with step = policy version, and appended
+as one JSON line to ``<run_dir>/eval.jsonl``::
 
     {"version": 2, "wall_s": 31.4, "eval_s": 1.2, "accuracy": 0.0, "pass@1": 0.0, ..., "by_group": {...}}
 

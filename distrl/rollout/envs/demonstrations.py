@@ -35,8 +35,9 @@ def calculator_turns(problem) -> list[str]:
 
     ``37*45=`` -> ``["<calc>37*45</calc>", "1665", "=1665"]``: the answer turn starts with ``=``, so that a
     model that sees the transcript as one stream of characters (the tiny model: no chat template, observations
-    appended as they are) can tell where the observation ends and its copy begins. Raises ValueError for a problem that is not an
-    ``arith`` expression (no ``a``, ``b``, ``op`` in its meta) or whose episode would not score 1.
+    appended as they are) can tell where the observation ends and its copy begins. Raises ValueError for a
+    problem that is not an ``arith`` expression (no ``a``, ``b``, ``op`` in its meta) or whose episode would
+    not score 1.
     """
     meta = problem.meta or {}
     if not {"a", "b", "op"} <= set(meta):
