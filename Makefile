@@ -10,7 +10,7 @@ EXTRA := $(if $(shell command -v nvidia-smi 2>/dev/null),gpu,cpu)
 # unless a local wheel folder that pip already searches has it.
 TORCH_INDEX := $(if $(wildcard /opt/wheels/torch-2.13.0*),,--extra-index-url https://download.pytorch.org/whl/cpu)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo demo-tools test clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,17 @@ demo: setup
 		--max_steps 300 --batch_size 32 --group_size 8 --learner_chunk_size 256 --max_new_tokens 5 \
 		--learning_rate 4e-4 --lr_schedule cosine --lr_warmup_steps 10 \
 		--number_of_actors 1 --max_staleness 1 --eval_every 10 --eval_size 512 --log_dir $(DEMO_LOG_DIR)
+
+# Tools matter (README "make demo-tools", docs/environments.md): the tiny model learns two-digit multiplication with
+# the `calculator` environment (a supervised warm start on demonstrated episodes teaches the call format, then async
+# GRPO on whole episodes), against a no-tool arm with the same warm-start steps on direct answers and the same RL
+# versions. Both arms run one after the other (bench/demo_tools.py); the report and plot go to DEMO_TOOLS_DIR, the
+# numbers into bench/results/demo_tools.json. DEMO_TOOLS_REPEATS=3 runs both arms three times.
+DEMO_TOOLS_DIR ?= runs/demo_tools
+DEMO_TOOLS_REPEATS ?= 1
+demo-tools: setup
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m bench.demo_tools --repeats $(DEMO_TOOLS_REPEATS) \
+		--log_dir $(DEMO_TOOLS_DIR)
 
 # Two pytest-xdist workers (one per core of the CI machine): end-to-end runs idle while Ray and their roles start,
 # so two side by side took 93 s where one after the other took 126 s. --dist loadfile: a file's tests run on one

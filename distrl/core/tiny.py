@@ -1,7 +1,7 @@
 """The embedded default model (`--model tiny`): a tiny Qwen2 with a character tokenizer, built in code.
 
 No download: the tokenizer is a character-level `tokenizers` model over the characters that the
-built-in `arith` task uses, and the model is a Qwen2 architecture with random weights
+built-in `arith` task and the `calculator` environment's calls use (52 tokens), and the model is a Qwen2 architecture with random weights
 (hidden 128, 4 heads of size 32 — vLLM on CPU needs a head size of at least 32 — 2 layers). Both are
 saved with `save_pretrained`, so vLLM, transformers and Unsloth load the directory like any hub model.
 """
@@ -13,9 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
-# Special tokens first; then the characters of arithmetic prompts and answers, and a few letters.
+# Special tokens first; then the characters of arithmetic prompts and answers, and a few letters; last `<` and `>`
+# (ids 50 and 51), so that the model can write the `calculator` environment's `<calc>EXPR</calc>` calls.
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
-CHARS = list("0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz")
+CHARS = list("0123456789+-*/=() .,?abcdefghijklmnopqrstuvwxyz<>")
 TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=4096)  # GSM8K/MATH-500 prompts fit
 

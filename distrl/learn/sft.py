@@ -3,9 +3,12 @@
 Before any role starts, the driver trains the whole base model (every weight; no LoRA) for N AdamW
 steps on the task's own problems, teacher-forced: the input is ``prompt + gold + EOS`` and the
 cross-entropy is taken on the answer and EOS tokens only (the prompt's tokens get no loss), so the
-model learns the answer format and when to stop. The result is saved with ``save_pretrained`` (model
-and tokenizer) to ``<run_dir>/warm_start/``, and every role then uses that directory as its base model:
-policy version 0 *is* the warm-started model, and RL alone earns what comes after.
+model learns the answer format and when to stop. With ``--env`` the input is a whole demonstrated episode
+(``transcript``: the command layer passes the environment's demonstrations in, so this package imports no
+rollout code) and the loss is on the model's turns only, never on the environment's observations. The
+result is saved with ``save_pretrained`` (model and tokenizer) to ``<run_dir>/warm_start/``, and every
+role then uses that directory as its base model: policy version 0 *is* the warm-started model, and RL
+alone earns what comes after.
 
 Training problems come from the task's stream under a seed of their own (:data:`SFT_SEED`), apart
 from the actors' (``seed * 1000 + actor_id``); with the built-in ``arith`` task a held-out problem may
@@ -23,6 +26,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -60,7 +64,8 @@ class SFTResult:
 
 def sft_batch(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.Tensor, torch.Tensor,
                                                                            torch.Tensor]:
-    """Teacher-forcing tensors for ``prompt + answer + EOS``, right-padded.
+    """Teacher-forcing tensors for ``prompt + answer + EOS``, right-padded (:func:`segments_batch` of
+    ``[(prompt ids, False), (answer ids + [EOS], True)]`` each).
 
     Returns ``input_ids`` (B, L), ``attention_mask`` (B, L) and ``labels`` (B, L): ``labels`` is -100
     on prompt and padding positions and the token id on answer and EOS positions (transformers shifts
@@ -69,27 +74,42 @@ def sft_batch(tokenizer, prompts: list[str], answers: list[str]) -> tuple[torch.
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the warm start needs a tokenizer with an EOS token (completions must learn to stop)")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    seqs = []
-    for prompt, answer in zip(prompts, answers):
-        p = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos]
-        seqs.append((p, a))
-    width = max(len(p) + len(a) for p, a in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, (p, a) in enumerate(seqs):
-        n = len(p) + len(a)
-        ids[i, :n] = torch.tensor(p + a)
-        mask[i, :n] = 1
-        labels[i, len(p):n] = torch.tensor(a)
+    examples = [[(tokenizer(prompt, add_special_tokens=True)["input_ids"], False),
+                 (tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos], True)]
+                for prompt, answer in zip(prompts, answers)]
+    return segments_batch(examples, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+
+
+def segments_batch(examples: list[list[tuple[list[int], bool]]], pad: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                  torch.Tensor]:
+    """Teacher-forcing tensors of sequences given as segments ``(token ids, trained)``, right-padded with ``pad``.
+
+    Each example is its segments' ids in order; ``labels`` is the token id on the positions of trained segments
+    and -100 elsewhere (the prompt, an environment's observations, padding). Returns ``input_ids``,
+    ``attention_mask`` and ``labels``, each (B, L) int64, L the longest example. Raises ValueError for an
+    example with no trained token.
+    """
+    width = max(sum(len(ids) for ids, _ in segments) for segments in examples)
+    ids = torch.full((len(examples), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    for i, segments in enumerate(examples):
+        if not any(trained and part for part, trained in segments):
+            raise ValueError("every warm-start example needs at least one trained token")
+        at = 0
+        for part, trained in segments:
+            ids[i, at:at + len(part)] = torch.tensor(part, dtype=torch.long)
+            if trained:
+                labels[i, at:at + len(part)] = torch.tensor(part, dtype=torch.long)
+            at += len(part)
+        mask[i, :at] = 1
     return ids, mask, labels
 
 
 def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, learning_rate: float,
                batch_size: int, seed: int = 0, tokenizer: str | None = None, dtype: str = "float32",
-               log_every: int = 50, until_accuracy: float | None = None) -> SFTResult:
+               log_every: int = 50, until_accuracy: float | None = None,
+               transcript: Callable[[object, object], list[tuple[list[int], bool]]] | None = None) -> SFTResult:
     """Fine-tune the causal LM in `model_dir` on `task`'s gold answers and save it to `out_dir`.
 
     Args:
@@ -106,6 +126,10 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, 
             :data:`UNTIL_WINDOW` batches reaches this fraction (None: always `steps`). On two-digit addition
             the tiny model's accuracy jumps from ~5 % to ~60 % within ~150 steps, at a step that moves with
             the data order: a fixed step count lands anywhere in that jump, a target does not.
+        transcript: ``(problem, tokenizer) -> segments`` of one training sequence, ``(token ids, trained)`` in
+            order (:func:`segments_batch`), e.g. a whole multi-turn episode whose observations are not trained
+            on (``distrl train --env``: the command passes those of ``distrl.rollout.envs.demonstrations``). None: the
+            task's prompt, then its gold answer and EOS trained.
     Returns:
         :class:`SFTResult`. Raises ValueError on steps, learning_rate or batch_size out of range.
     """
@@ -124,11 +148,15 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, 
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
     problems = task.problems(SFT_SEED)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     first = last = float("nan")
     recent: list[float] = []  # exact-match fractions of the last UNTIL_WINDOW batches
     for step in range(1, steps + 1):
         batch = [next(problems) for _ in range(batch_size)]
-        ids, mask, labels = sft_batch(tok, [task.prompt(p, tok) for p in batch], [p.gold for p in batch])
+        if transcript is None:
+            ids, mask, labels = sft_batch(tok, [task.prompt(p, tok) for p in batch], [p.gold for p in batch])
+        else:
+            ids, mask, labels = segments_batch([transcript(p, tok) for p in batch], pad)
         labels = labels.to(device)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels)
         recent = (recent + [exact_match(out.logits.detach(), labels)])[-UNTIL_WINDOW:]

@@ -126,7 +126,8 @@ class RolloutActor:
             return None
         return PeriodicEval(self.generation.eval_every, self.rollouts.task, kept, Path(work_dir) / "eval.jsonl",
                             num_samples=self.rollout.eval_num_samples, temperature=self.rollout.eval_temperature,
-                            max_new_tokens=self.shared.max_new_tokens, seed=self.shared.seed)
+                            max_new_tokens=self.shared.max_new_tokens, seed=self.shared.seed,
+                            episodes=self.rollouts.episodes)
 
     def _connect_weights(self, endpoints: ActorEndpoints, work_dir: str) -> None:
         """Subscribe to the learner's announcements and set up the weight loader of --weights_transport."""

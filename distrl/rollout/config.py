@@ -142,7 +142,8 @@ class TaskOptions:
     with its own engine at version 0, at every multiple of N it serves, and at the final version; it
     writes `eval/<metric>` to tb/actor0 (step = version) and one line per evaluation to
     `<run_dir>/eval.jsonl`. The held-out problems are never trained on. Actor 0 generates no training
-    data while it evaluates, and an evaluation counts against --heartbeat_timeout_s (docs/eval.md)."""
+    data while it evaluates, and an evaluation counts against --heartbeat_timeout_s (docs/eval.md). With --env
+    each held-out sample is a whole episode through the environment, scored by its final reward."""
     eval_size: int = 64
     """Held-out problems (with --eval_every): a seeded set of expressions for arith, a seeded choice of
     dataset rows otherwise; every actor leaves them out of its training stream."""
@@ -215,8 +216,6 @@ class TaskOptions:
             return
         if self.env not in BUILTIN_ENVS:
             check_reward_spec(self.env, "--env")
-        if self.eval_every:
-            raise ValueError("--eval_every evaluates single completions: not available with --env yet (drop one)")
         if self.env_max_turns < 1:
             raise ValueError(f"--env_max_turns must be >= 1, got {self.env_max_turns}")
         if not self.env_timeout_s > 0:

@@ -19,11 +19,12 @@ without one counts as correct when it is 1.0):
 version's weights, on a dataset.
 
 Periodic evaluation during training (``--eval_every N``, :class:`PeriodicEval`), run by rollout actor 0
-with its own engine. Every actor leaves the held-out problems (``Task.heldout(--eval_size, --seed)``) out
-of its training stream; actor 0 also evaluates them (:func:`evaluate_engine`, the task's own reward) at
-version 0, at every multiple of N it serves, and at the final version. Each evaluation is logged
-as ``eval/<metric>`` (and ``eval/by_group/<group>/accuracy``) to the actor's TensorBoard with step =
-policy version, and appended as one JSON line to ``<run_dir>/eval.jsonl``::
+with its own engine (with ``--env``, whole episodes through its environment: :func:`evaluate_episodes`).
+Every actor leaves the held-out problems (``Task.heldout(--eval_size, --seed)``) out of its training stream;
+actor 0 also evaluates them (:func:`evaluate_engine`, the task's own reward) at version 0, at every
+multiple of N it serves, and at the final version. Each evaluation is logged as ``eval/<metric>`` (and
+``eval/by_group/<group>/accuracy``) to the actor's TensorBoard with step = policy version, and appended
+as one JSON line to ``<run_dir>/eval.jsonl``::
 
     {"version": 2, "wall_s": 31.4, "eval_s": 1.2, "accuracy": 0.0, "pass@1": 0.0, ..., "by_group": {...}}
 
@@ -185,6 +186,20 @@ def summarize_by_group(records: Sequence[ProblemRecord], ks: Sequence[int]) -> d
     return {name: summarize(members[name], ks) for name in sorted(members)}
 
 
+def _checked_ks(problems, num_samples: int, temperature: float, ks: Sequence[int] | None) -> list[int]:
+    """The k of pass@k and maj@k (default :func:`default_ks`); ValueError for an evaluation that cannot run."""
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    ks = default_ks(num_samples) if ks is None else sorted(set(ks))
+    if any(not 1 <= k <= num_samples for k in ks):
+        raise ValueError(f"every k must be in [1, num_samples={num_samples}], got {list(ks)}")
+    return ks
+
+
 def evaluate_engine(engine, task, problems, *, num_samples: int = 1, temperature: float = 0.0,
                     max_new_tokens: int, seed: int = 0, ks: Sequence[int] | None = None) -> EvalReport:
     """Sample `num_samples` completions per problem with `engine` (the version it serves), score them.
@@ -204,15 +219,7 @@ def evaluate_engine(engine, task, problems, *, num_samples: int = 1, temperature
     Raises:
         ValueError: no problems, num_samples < 1, temperature < 0, or a k outside [1, num_samples].
     """
-    if not problems:
-        raise ValueError("no problems to evaluate")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    ks = default_ks(num_samples) if ks is None else sorted(set(ks))
-    if any(not 1 <= k <= num_samples for k in ks):
-        raise ValueError(f"every k must be in [1, num_samples={num_samples}], got {list(ks)}")
+    ks = _checked_ks(problems, num_samples, temperature, ks)
     prompts = [task.prompt(p, engine.tokenizer) for p in problems]
     results = engine.generate(prompts, num_samples, temperature, max_new_tokens, seed=seed)
     records = [score_problem(task, problem, [(c.text, c.token_ids, c.finish_reason) for c in result.completions])
@@ -220,6 +227,41 @@ def evaluate_engine(engine, task, problems, *, num_samples: int = 1, temperature
     settings = {"num_samples": num_samples, "temperature": temperature, "max_new_tokens": max_new_tokens,
                 "seed": seed, "ks": list(ks)}
     return EvalReport(summarize(records, ks), summarize_by_group(records, ks), records, engine.version, settings)
+
+
+def evaluate_episodes(runner, task, problems, *, num_samples: int = 1, temperature: float = 0.0, seed: int = 0,
+                      ks: Sequence[int] | None = None) -> EvalReport:
+    """:func:`evaluate_engine` with ``--env``: each sample is a whole episode that ``runner`` plays.
+
+    ``runner`` is the actor's :class:`distrl.rollout.envs.episodes.EpisodeRunner` (its engine, environment and
+    limits: ``--max_new_tokens`` per turn); each problem's prompt is templated as in training and the episode's
+    reward is the environment's final reward: a sample is correct when its ``correct`` component is > 0 (else
+    when the reward is 1.0), its answer is :meth:`Task.extract_answer` of the episode's text (the final turn
+    comes last) and its length counts every completion token (model and observations). The runner's cumulative
+    counts (episodes, turns, errors, cut) are left as they were: they describe training. Raises as
+    :func:`evaluate_engine`.
+    """
+    ks = _checked_ks(problems, num_samples, temperature, ks)
+    tokenizer = runner.engine.tokenizer
+    prompts = [tokenizer(task.prompt(p, tokenizer))["input_ids"] for p in problems]
+    counts = (runner.episodes, runner.turns, runner.errors, runner.cut)
+    results = {}
+    try:
+        for finished in runner.run(list(problems), prompts, num_samples, temperature, seed=seed):
+            results.update(finished)
+    finally:
+        runner.episodes, runner.turns, runner.errors, runner.cut = counts
+    records = []
+    for i, problem in enumerate(problems):
+        samples = [SampleRecord(c.text, task.extract_answer(c.text),
+                                bool(c.components["correct"] > 0) if "correct" in c.components else c.reward >= 1.0,
+                                float(c.reward), len(c.token_ids), c.finish_reason) for c in results[i].completions]
+        groups = {key: str(problem.meta[key]) for key in task.group_keys if key in problem.meta}
+        records.append(ProblemRecord(problem.prompt_id, problem.gold, groups, samples))
+    settings = {"num_samples": num_samples, "temperature": temperature, "max_new_tokens": runner.max_new_tokens,
+                "seed": seed, "ks": list(ks), "env": runner.pool.spec}
+    return EvalReport(summarize(records, ks), summarize_by_group(records, ks), records, runner.engine.version,
+                      settings)
 
 
 def eval_line(report: EvalReport, wall_s: float, eval_s: float) -> dict:
@@ -239,11 +281,12 @@ class PeriodicEval:
         task: the actor's task; problems: its held-out problems.
         log_path: the eval.jsonl file (appended to; created on first use).
         num_samples, temperature: --eval_num_samples, --eval_temperature; max_new_tokens, seed: the run's.
+        episodes: with --env, the actor's episode runner: each sample is an episode (:func:`evaluate_episodes`).
     """
 
     def __init__(self, every: int, task, problems: list, log_path: str | Path, *, num_samples: int = 1,
-                 temperature: float = 0.0, max_new_tokens: int = 256, seed: int = 0):
-        self.task, self.problems = task, problems
+                 temperature: float = 0.0, max_new_tokens: int = 256, seed: int = 0, episodes=None):
+        self.task, self.problems, self.episodes = task, problems, episodes
         self.every, self.num_samples, self.temperature = every, num_samples, temperature
         self.max_new_tokens, self.seed = max_new_tokens, seed
         self.log_path = Path(log_path)
@@ -265,8 +308,12 @@ class PeriodicEval:
         """Evaluate the version `engine` serves; log it to `metrics` (a distrl.core.metrics.Metrics) and
         eval.jsonl; return the eval.jsonl line."""
         t0 = time.perf_counter()
-        report = evaluate_engine(engine, self.task, self.problems, num_samples=self.num_samples,
-                                 temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
+        if self.episodes is not None:
+            report = evaluate_episodes(self.episodes, self.task, self.problems, num_samples=self.num_samples,
+                                       temperature=self.temperature, seed=self.seed)
+        else:
+            report = evaluate_engine(engine, self.task, self.problems, num_samples=self.num_samples,
+                                     temperature=self.temperature, max_new_tokens=self.max_new_tokens, seed=self.seed)
         line = eval_line(report, time.time() - self.start, time.perf_counter() - t0)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as fh:

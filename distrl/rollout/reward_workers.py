@@ -82,8 +82,7 @@ class JsonWorker:
         return self._proc.stdout.fileno()
 
     def readable(self, timeout_s: float) -> bool:
-        readable, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        return bool(readable)
+        return bool(readable_fds([self.fileno()], timeout_s))
 
     def close(self) -> None:
         """Kill the child, if any (by our own Popen handle)."""
@@ -127,8 +126,8 @@ class WorkerPool:
                             busy[w] = (i, time.monotonic() + timeout_s)
                             w.send(request)
                     wait = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
-                    ready, _, _ = select.select(list(busy), [], [], wait)
-                    for w in ready:
+                    fds = set(readable_fds([w.fileno() for w in busy], wait))
+                    for w in [w for w in busy if w.fileno() in fds]:
                         replies[busy[w][0]] = w.receive()
                         del busy[w]
                     for w, (_, deadline) in list(busy.items()):
@@ -173,3 +172,14 @@ def serve_lines(handle: Callable) -> None:
     out.write("ready\n")
     for line in sys.stdin:
         out.write(json.dumps(handle(json.loads(line))) + "\n")
+
+
+def readable_fds(fds: list[int], timeout_s: float) -> list[int]:
+    """The ``fds`` with data to read (or closed) within ``timeout_s`` seconds. ``select.poll``, not
+    ``select.select``: ``select`` refuses descriptors numbered past 1024 (FD_SETSIZE), which a process with a few
+    hundred children on pipes reaches (``--env`` runs one child per live episode, e.g. ``--eval_every`` with
+    ``--eval_size 512``)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return [fd for fd, _ in poller.poll(max(0.0, timeout_s) * 1000)]

@@ -184,5 +184,5 @@ def test_prompts_that_do_not_fit_and_foreign_tokenizers_are_refused_naming_the_f
     with pytest.raises(PreflightError, match=r"--max_model_len: all 1 prompts are longer as templated \(up to 40 "
                                              r"tokens\) than the 39 that --max_new_tokens 9 leaves under 48"):
         check_fits(model, None, task, problems, max_new_tokens=9, max_model_len=48)
-    with pytest.raises(SystemExit, match="--tokenizer .* has 151669 tokens but the model embeds only 50"):
+    with pytest.raises(SystemExit, match="--tokenizer .* has 151669 tokens but the model embeds only 52"):
         check_fits(model, str(shared_data() / "tokenizers" / "qwen2.5"), task, problems, 8, None)

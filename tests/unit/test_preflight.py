@@ -64,7 +64,7 @@ def test_a_damaged_model_config_is_named(tmp_path):
 def test_tokenizer_location_and_vocabulary():
     refused("--tokenizer", "no such directory", check_tokenizer, "/nonexistent/tok")
     check_tokenizer(str(QWEN_TOKENIZER))
-    cfg = TrainConfig(run_name="t", tokenizer=str(QWEN_TOKENIZER))  # the tiny model embeds 50 ids, Qwen has 151k
+    cfg = TrainConfig(run_name="t", tokenizer=str(QWEN_TOKENIZER))  # the tiny model embeds 52 ids, Qwen has 151k
     refused("--tokenizer", r"has 1516\d\d tokens but the model embeds only \d+", preflight, "learn", cfg)
 
 

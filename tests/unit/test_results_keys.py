@@ -27,6 +27,8 @@ REQUIRED = {
     "buffer.json": ["ingest_vs_raw_zmq", "ingest_replicated_vs_unreplicated"],
     "startup.json": ["startup_s_hf_cold"],
     "adaptive_staleness.json": ["auto_vs_0_speed", "auto_vs_ceiling_speed", "auto_reward_gap", "runs"],
+
+    "demo_tools.json": ["tool_gain_heldout", "tool_minus_notool", "runs"],  # make demo-tools (bench/demo_tools.py)
 }
 
 

@@ -15,6 +15,8 @@ one, e.g. ``</calc>``), besides the model's stop token and ``--max_new_tokens``.
 - :mod:`.pool`: the actor's side: one such process per live episode, a time limit per call; a crash or a
   timeout ends only that episode.
 - :mod:`.episodes`: the episode loop over the engine (token in, token out) and the observation's format.
+- :mod:`.demonstrations`: correct episodes as token-id segments, the warm start's data with ``--env``
+  (:data:`DEMONSTRATED`: which environments and tasks have them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 BUILTIN = {"calculator": "distrl.rollout.envs.calculator:Calculator",  # --env name -> module:Class
            "python": "distrl.rollout.envs.python_env:PythonEnv"}
+DEMONSTRATED = {"calculator": ("arith",)}  # --env -> the --task values it has warm-start demonstrations for
 
 
 class Environment:

@@ -9,11 +9,10 @@ next episode starts a fresh process. Processes that finished an episode serve th
 
 from __future__ import annotations
 
-import select
 import time
 from typing import Hashable
 
-from distrl.rollout.reward_workers import JsonWorker, child_code
+from distrl.rollout.reward_workers import JsonWorker, child_code, readable_fds
 
 
 class EnvPool:
@@ -67,7 +66,7 @@ class EnvPool:
             return []
         wait = max(0.0, min(min(self._waiting.values()) - time.monotonic(), timeout_s))
         by_fd = {self._held[k].fileno(): k for k in self._waiting if self._held[k].running}
-        ready, _, _ = select.select(list(by_fd), [], [], wait) if by_fd else ([], [], [])
+        ready = readable_fds(list(by_fd), wait) if by_fd else []
         out = []
         for fd in ready:
             key = by_fd[fd]
@@ -108,3 +107,4 @@ class EnvPool:
         self._idle.clear()
         self._held.clear()
         self._waiting.clear()
+
