@@ -3,8 +3,9 @@
 The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (`distrl.buffer.server.BufferServer`,
 `distrl.rollout.actor.RolloutActor`, `distrl.learn.learner.Learner`); they talk only over ZMQ:
 
-    driver: run dir + model -> BufferRole (address) -> LearnerRole x L and RolloutRole x A, started together
-            (each actor loads and warms up its engine, then waits for learner 0's weight endpoints)
+    driver: run dir + model -> BufferRole, LearnerRole x L and RolloutRole x A, started together
+            (the learners and actors load their models while the buffer binds; each actor loads and warms up its
+            engine, then waits for learner 0's weight endpoints)
             -> run all -> learners finish max_steps -> STOP -> actors exit -> SHUTDOWN buffer -> summary
 
 Any role that raises ends the run: after shutting the others down the driver raises its error as
@@ -116,6 +117,7 @@ class _Run:
     placement: object = None
     buffer: object = None
     buffer_address: str | None = None
+    buffer_address_ref: object = None  # the Ray reference to it (the learners and actors resolve it)
     buffer_ref: object = None
     console: object = None
     watchdog: object = None
@@ -134,9 +136,9 @@ class _Run:
                 **{f"actor{i}": h for i, h in enumerate(self.actors)}}
 
 
-def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
-    """The run directory (new or resumed), driver logging, the warm start, Ray; returns
-    ``(cfg, run_dir, model_dir, owns_ray)``. A new run's directory is removed if this fails."""
+def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
+    """The run directory (new or resumed), driver logging, the warm start; returns ``(cfg, run_dir, model_dir)``.
+    A new run's directory is removed if this fails."""
     if cfg.resume:
         run_dir, model_dir = resume_run_dir(cfg)
     else:
@@ -152,16 +154,38 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
             from distrl.cmd.warm_start import warm_start_run
 
             model_dir = warm_start_run(cfg, run_dir, model_dir)
-        owns_ray = _connect_ray(cfg)
     except Exception:  # no role ran: a new run's directory would only block the corrected command
         if not cfg.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    return cfg, run_dir, model_dir
+
+
+def _start(cfg: TrainConfig, checks) -> tuple[TrainConfig, Path, str, bool]:
+    """Ray (started while ``checks``, the cli's preflight still running in a thread, goes on: its prompts' check
+    imports transformers and torch), then, once ``checks`` passed, :func:`_prepare`. Returns ``(cfg, run_dir,
+    model_dir, owns_ray)``; Ray, if this started it, is shut down again when a check or the preparation fails."""
+    import ray
+
+    owns_ray = _connect_ray(cfg)
+    mark_ray = time.time()
+    try:
+        if checks is not None:
+            checks.result()  # raises the check's PreflightError: no run directory was made
+        cfg, run_dir, model_dir = _prepare(cfg)
+    except BaseException:
+        if owns_ray:
+            ray.shutdown()
+        raise
+    record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
+    mark("ray_started", mark_ray)
     return cfg, run_dir, model_dir, owns_ray
 
 
 def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> None:
-    """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts."""
+    """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts. The three are
+    created together: the learners and actors start their processes and load their models while the buffer binds;
+    each resolves the buffer's address (``run.buffer_address_ref``) where it first needs it."""
     import ray
 
     from distrl.rollout.actor import ActorEndpoints
@@ -175,25 +199,28 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
         plan.role_cfg["buffer0"], str(run_dir),
         plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys,  # learner 0's node
         replica)
-    run.buffer_address = ray.get(run.buffer.address.remote())
-    mark("buffer_ready")
-    run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
+    run.buffer_address_ref = run.buffer.address.remote()
+    buffer_host = run.buffer.node_address.remote()  # before serve() holds its thread (a Ray actor's calls run in order)
     run.buffer_ref = run.buffer.serve.remote()
-    run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
+    buffer = [run.buffer_address_ref]  # in a list: Ray does not wait for it before a role's constructor starts
     dist_address = plan.dist_address or f"tcp://{cfg.host}:{_free_port(cfg.host)}"
     run.learners = [LearnerRole.options(**run.placement.options(f"learner{r}")).remote(
-                        plan.role_cfg[f"learner{r}"], r, run.buffer_address, plan.model_dirs[f"learner{r}"],
+                        plan.role_cfg[f"learner{r}"], r, buffer, plan.model_dirs[f"learner{r}"],
                         str(run_dir), dist_address, plan.keys)
                     for r in range(cfg.number_of_learners)]
     run.weights = run.learners[0].weight_addresses.remote()  # kept: a restarted actor resolves it again
     # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
     # after that (a vLLM engine's first start on a GPU asks before: distrl.rollout.engines.vllm_plan)
-    late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
+    late = functools.partial(learner_endpoints, buffer, [run.weights])
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     mark("actors_created")
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
                       plan.role_cfg[f"actor{i}"], i, late, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
                   for i in range(cfg.number_of_actors)]
+    run.buffer_address = ray.get(run.buffer_address_ref)
+    mark("buffer_ready")
+    run.hosts["buffer0"] = ray.get(buffer_host)
+    run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
     pub, latest = ray.get(run.weights)
     write_train_join_file(cfg, run_dir, model_dir, ActorEndpoints(run.buffer_address, pub, latest), plan.keys,
                           [f.name for f in flat_fields(RolloutConfig)])  # `distrl rollout --join`
@@ -294,8 +321,9 @@ def _settle(cfg: TrainConfig, ray_started: bool) -> tuple[TrainConfig, bool, dic
     return cfg, here, None
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
+def train(cfg: TrainConfig, checks=None) -> dict:
+    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict. ``checks``: the cli's
+    preflight still running (distrl.cmd.preflight.Deferred): awaited once Ray started, before the run directory."""
     quiet_libraries()  # before the imports below load torch (and torchao)
     use_compile_caches()  # before Ray starts: its workers inherit the variables
     import ray
@@ -307,12 +335,11 @@ def train(cfg: TrainConfig) -> dict:
     cfg, here, finished = _settle(cfg, ray.is_initialized())
     if finished is not None:
         return finished
-    cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
+    cfg, run_dir, model_dir, owns_ray = _start(cfg, checks)
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
-    record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
     mark("launch", process_start())
     mark("train", began)
-    mark("ray_started")
+    mark("prepared")
     start, run = time.time(), _Run()
     try:
         cfg = _place(cfg, run_dir, model_dir, run, probe_nodes=not here)
