@@ -65,11 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             from distrl.core.gguf import resolve_model
 
             cfg.model = resolve_model(cfg.model)
-        # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md); `train`'s prompts' check
-        # goes on beside Ray's start (distrl.cmd.trainer.train awaits it before making the run directory)
-        checks = preflight(name, cfg, defer=name == "train")
-        runner = getattr(importlib.import_module(module), func)
-        runner(cfg) if checks is None else runner(cfg, checks=checks)
+        preflight(name, cfg)  # before Ray, the buffer, any engine or the run directory (docs/troubleshooting.md)
+        getattr(importlib.import_module(module), func)(cfg)
     except (FileExistsError, FileNotFoundError, PreflightError, BindError) as exc:
         print(f"distrl {name}: error: {exc}", file=sys.stderr)
         return 2

@@ -6,11 +6,7 @@ The checks live with the roles that need them (`distrl/rollout/preflight.py`, `d
 (`--resume` of `distrl train`, the run directory, a replay's segment log). A failure is a
 :class:`distrl.core.errors.PreflightError`: the cli prints its two lines and exits 2, nothing started,
 nothing written. Imports stay light: no torch model, no vLLM, no Ray (transformers' AutoConfig and
-AutoTokenizer only when --tokenizer is given). One exception to "before Ray": `distrl train` measures its
-prompts' lengths (the tokenizer: transformers and torch imported, seconds) in a thread beside Ray's start
-(:class:`Deferred`); the trainer awaits it before making the run directory and shuts Ray down again when it
-fails, so that failure leaves no run directory and nothing running (only Ray's own session logs under its temp
-directory). docs/troubleshooting.md lists every message.
+AutoTokenizer only when --tokenizer is given). docs/troubleshooting.md lists every message.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import json
 import math
 import re
 import socket
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -118,32 +113,9 @@ def check_new_run(cfg) -> None:
                              "with --resume")
 
 
-class Deferred:
-    """A check running in a thread of its own from construction; :meth:`result` waits for it and raises what it
-    raised (a PreflightError). The thread is a daemon: an interrupted command does not wait for it."""
-
-    def __init__(self, check: Callable, *args) -> None:
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(check, *args), name="distrl-preflight", daemon=True)
-        self._thread.start()
-
-    def _run(self, check: Callable, *args) -> None:
-        try:
-            check(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
-            self._error = exc
-
-    def result(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def check_train(cfg, defer: bool = False) -> Deferred | None:
+def check_train(cfg) -> None:
     """`distrl train`: a resumed run is checked as resumed (its own config ran before); a new one as the
-    learners and actors it starts would check it. ``defer``: the prompts' lengths (the check loads the tokenizer,
-    which imports transformers and torch: seconds) are measured in a thread, returned as a :class:`Deferred` (None
-    when there is none), for `distrl train` to await once Ray started; the task itself is loaded at once."""
+    learners and actors it starts would check it."""
     from distrl.learn import preflight as learn
     from distrl.rollout import preflight as rollout
 
@@ -153,16 +125,10 @@ def check_train(cfg, defer: bool = False) -> Deferred | None:
 
         check_unlocked("--resume", Path(cfg.resume).expanduser())  # a buffer (or a run's replica) holds it
         check_resume(cfg)
-        return None
+        return
     check_new_run(cfg)
     learn.check(cfg.shared)
-    rollout.check_inputs(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared, prompts=not defer)
-    if not defer:
-        return None
-    from distrl.rollout.prompt_fit import PromptSource, check_prompt_lengths
-
-    source = PromptSource.of_run(cfg.prompt, cfg.generation, cfg.shared)
-    return Deferred(check_prompt_lengths, source, rollout.load_prompts(source))  # the task's errors: at once
+    rollout.check_inputs(cfg.prompt, cfg.generation, cfg.rollout, cfg.shared)
 
 
 def check_eval(cfg) -> None:
@@ -211,14 +177,10 @@ CHECKS: dict[str, Callable] = {"train": check_train, "learn": _learn, "rollout":
                                "eval": check_eval, "replay": check_replay}
 
 
-def preflight(command: str, cfg, defer: bool = False) -> Deferred | None:
-    """Run the checks of ``command`` (a key of `distrl.cmd.cli.COMMANDS`) on its parsed config. ``defer``
-    (`train` only): the prompts' check goes on in a thread, returned (:func:`check_train`); else None.
+def preflight(command: str, cfg) -> None:
+    """Run the checks of ``command`` (a key of `distrl.cmd.cli.COMMANDS`) on its parsed config.
 
     Raises PreflightError (flag, problem, fix) on the first failure.
     """
     check_flags(cfg)
-    if command == "train":
-        return check_train(cfg, defer)
     CHECKS[command](cfg)
-    return None

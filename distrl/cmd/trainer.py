@@ -139,9 +139,9 @@ class _Run:
                 **{f"actor{i}": h for i, h in enumerate(self.actors)}}
 
 
-def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
-    """The run directory (new or resumed), driver logging, the warm start; returns ``(cfg, run_dir, model_dir)``.
-    A new run's directory is removed if this fails."""
+def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
+    """The run directory (new or resumed), driver logging, the warm start, Ray; returns
+    ``(cfg, run_dir, model_dir, owns_ray)``. A new run's directory is removed if this fails."""
     if cfg.resume:
         run_dir, model_dir = resume_run_dir(cfg)
     else:
@@ -157,31 +157,11 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str]:
             from distrl.cmd.warm_start import warm_start_run
 
             model_dir = warm_start_run(cfg, run_dir, model_dir)
+        owns_ray = _connect_ray(cfg)
     except Exception:  # no role ran: a new run's directory would only block the corrected command
         if not cfg.resume:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    return cfg, run_dir, model_dir
-
-
-def _start(cfg: TrainConfig, checks) -> tuple[TrainConfig, Path, str, bool]:
-    """Ray (started while ``checks``, the cli's preflight still running in a thread, goes on: its prompts' check
-    imports transformers and torch), then, once ``checks`` passed, :func:`_prepare`. Returns ``(cfg, run_dir,
-    model_dir, owns_ray)``; Ray, if this started it, is shut down again when a check or the preparation fails."""
-    import ray
-
-    owns_ray = _connect_ray(cfg)
-    mark_ray = time.time()
-    try:
-        if checks is not None:
-            checks.result()  # raises the check's PreflightError: no run directory was made
-        cfg, run_dir, model_dir = _prepare(cfg)
-    except BaseException:
-        if owns_ray:
-            ray.shutdown()
-        raise
-    record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
-    mark("ray_started", mark_ray)
     return cfg, run_dir, model_dir, owns_ray
 
 
@@ -324,9 +304,8 @@ def _settle(cfg: TrainConfig, ray_started: bool) -> tuple[TrainConfig, bool, dic
     return cfg, here, None
 
 
-def train(cfg: TrainConfig, checks=None) -> dict:
-    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict. ``checks``: the cli's
-    preflight still running (distrl.cmd.preflight.Deferred): awaited once Ray started, before the run directory."""
+def train(cfg: TrainConfig) -> dict:
+    """Run one training job to `cfg.max_steps` policy versions; returns a summary dict."""
     quiet_libraries()  # before the imports below load torch (and torchao)
     use_compile_caches()  # before Ray starts: its workers inherit the variables
     import ray
@@ -338,11 +317,12 @@ def train(cfg: TrainConfig, checks=None) -> dict:
     cfg, here, finished = _settle(cfg, ray.is_initialized())
     if finished is not None:
         return finished
-    cfg, run_dir, model_dir, owns_ray = _start(cfg, checks)
+    cfg, run_dir, model_dir, owns_ray = _prepare(cfg)
     raise_on_signals()  # after ray.init, which sets its own SIGTERM handler
+    record_to(run_dir, "driver")  # start-up marks (distrl.core.startup): summary.json's startup
     mark("launch", process_start())
     mark("train", began)
-    mark("prepared")
+    mark("ray_started")
     start, run = time.time(), _Run()
     try:
         cfg = _place(cfg, run_dir, model_dir, run, probe_nodes=not here)

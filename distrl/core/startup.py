@@ -25,9 +25,8 @@ FILE = "logs/startup.jsonl"
 # name -> (from role, phase), (to role, phase): what summary.json's startup.phases_s reports
 PHASES = {
     "imports": (("driver", "launch"), ("driver", "train")),  # interpreter, distrl and torch imports
-    "ray_start": (("driver", "train"), ("driver", "ray_started")),  # ray.init (beside the preflight's prompts check)
-    "prepare": (("driver", "ray_started"), ("driver", "prepared")),  # that check's end, run directory, warm start
-    "buffer": (("driver", "prepared"), ("driver", "buffer_ready")),  # its Ray worker and bind (beside the next two)
+    "ray_start": (("driver", "train"), ("driver", "ray_started")),  # run directory and ray.init
+    "buffer": (("driver", "ray_started"), ("driver", "buffer_ready")),  # its Ray worker and bind (beside the roles')
     "learner_process": (("driver", "actors_created"), ("learner0", "role_started")),  # Ray worker up, imports
     "learner_model_load": (("learner0", "role_started"), ("learner0", "model_loaded")),
     "learner_warm_up": (("learner0", "model_loaded"), ("learner0", "ready")),  # compiles, optimizer, publisher

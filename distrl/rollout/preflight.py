@@ -91,13 +91,6 @@ def check_prompts(source: PromptSource) -> None:
     """The task loads (a hub dataset: from the hub, or its cache when offline) and its prompts, as
     templated, fit the context under ``--long_prompts`` (:func:`distrl.rollout.prompt_fit.check_prompt_lengths`)."""
     from distrl.rollout.prompt_fit import check_prompt_lengths
-
-    check_prompt_lengths(source, task=load_prompts(source))
-
-
-def load_prompts(source: PromptSource):
-    """The task of ``source`` with its prompt template set (what :func:`check_prompts` measures); a
-    PreflightError naming --dataset when it cannot be loaded."""
     from distrl.rollout.tasks import DEFAULT_DATASETS, load_task
 
     prompt = source.prompt
@@ -111,7 +104,7 @@ def load_prompts(source: PromptSource):
                              "check the hub id (with HF_DATASETS_OFFLINE=1 it must be in the cache) or give a "
                              "local .jsonl or .parquet file") from None
     task.set_prompt(prompt.prompt_template, prompt.chat_template)
-    return task
+    check_prompt_lengths(source, task=task)
 
 
 def check(prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions, shared: SharedOptions) -> None:
@@ -121,15 +114,12 @@ def check(prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOption
 
 
 def check_inputs(prompt: PromptOptions, generation: TaskOptions, rollout: RolloutOptions,
-                 shared: SharedOptions, prompts: bool = True) -> None:
-    """What an actor needs besides the model: the dataset and task, the temperatures, the prompts' length
-    (``prompts`` False: all but that last check, :func:`check_prompts`, for a caller that runs it itself: `distrl
-    train` loads the task at once and measures the prompts, which loads the tokenizer, beside Ray's start)."""
+                 shared: SharedOptions) -> None:
+    """What an actor needs besides the model: the dataset and task, the temperatures, the prompts' length."""
     check_dataset(prompt.task, prompt.dataset)
     check_temperature(rollout.engine, shared.temperature, rollout.eval_temperature)
     check_env(generation.env)
-    if prompts:
-        check_prompts(PromptSource.of_run(prompt, generation, shared))
+    check_prompts(PromptSource.of_run(prompt, generation, shared))
 
 
 def check_env(env: str | None) -> None:

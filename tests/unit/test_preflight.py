@@ -186,22 +186,3 @@ def test_continue_it_only_for_failures_resume_can_fix(tmp_path, capsys):
     assert json.loads((tmp_path / "summary.json").read_text())["resume"] is None
     end_early(RoleStuck("learner0"), tmp_path, time.time(), None, None, can_resume=True)
     assert "continue it:   distrl train --resume" in capsys.readouterr().out
-
-
-def test_train_can_measure_its_prompts_in_a_thread(tmp_path):
-    """`distrl train`'s cli defers the prompts' lengths (the tokenizer) to a thread beside Ray's start: the same
-    error comes from the returned check's result(); a bad dataset is still refused at once."""
-    math500 = str(shared_data() / "math500" / "test.jsonl")
-    cfg = TrainConfig(run_name="t", log_dir=str(tmp_path), model="tiny", dataset=math500, max_new_tokens=8,
-                      max_model_len=100, long_prompts="error")  # tiny's tokenizer is per character: all too long
-    at_once = refused("--max_model_len", "longer as templated", preflight, "train", cfg)
-    checks = preflight("train", cfg, defer=True)
-    assert checks is not None
-    assert str(refused("--max_model_len", "longer as templated", checks.result)) == str(at_once)
-    ok = TrainConfig(run_name="t", log_dir=str(tmp_path), model="tiny", task="arith")
-    assert preflight("train", ok) is None
-    preflight("train", ok, defer=True).result()  # passes: returns None
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"prompt": "1+1", "gold": "2"}) + "\n")
-    refused("--dataset", "match no task", preflight, "train", TrainConfig(run_name="t", log_dir=str(tmp_path),
-                                                                          model="tiny", dataset=str(rows)), True)
