@@ -148,7 +148,7 @@ class AssembledLearner(_Parts):
             log.info("learner0: weight publisher closed (final version %d)", self.learner.version)
 
 
-def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: str, buffer_address: str, *,
+def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: str, buffer_address, *,
                   weights_bind: tuple[str, str] = (LOOPBACK_ANY_PORT, LOOPBACK_ANY_PORT), resume: bool = False,
                   checkpoints: bool = True, keep_weights: int | None = None) -> AssembledLearner:
     """Learner rank ``rank`` of ``world`` (the process group, if any, is already joined).
@@ -158,7 +158,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
             generator :func:`generator_sections`.
         run_dir: ``weights/``, ``tb/learner<rank>[gen]/`` and (``checkpoints``) ``ckpt/``, ``final/`` go here.
         model_dir: the base model (:func:`resolve_model`'s result).
-        buffer_address: the buffer's ZMQ endpoint.
+        buffer_address: the buffer's ZMQ endpoint, or a callable that returns it, called once the learner's model
+            is loaded (`distrl train` starts its learners while the buffer binds).
         weights_bind: rank 0's (announcement PUB, LATEST/FETCH ROUTER) bind addresses; port 0: any free one.
             The nccl broadcast group meets on the second one's host.
         resume: restore the newest checkpoint under ``<run_dir>/ckpt/``.
@@ -192,7 +193,7 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
             from distrl.rollout.learner_generates import LearnerGenerator, generator_name
 
             learner = parts.learner
-            client = parts.opened(BufferClient(buffer_address, generator_name(rank),
+            client = parts.opened(BufferClient(learner.buffer_address, generator_name(rank),
                                                curve_server_key=cfg.buffer_curve_server_key,
                                                curve_client_key=cfg.buffer_curve_client_key))
             parts.generator = parts.opened(LearnerGenerator(*generator_sections(cfg), rank, cfg.number_of_learners,

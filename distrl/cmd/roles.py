@@ -74,8 +74,10 @@ class LearnerRole(_Role):
     ``run`` closes everything on error; after a finished run the driver calls ``close`` once the actors
     are done (until then rank 0 serves the final version to them)."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str, model_dir: str, run_dir: str,
+    def __init__(self, cfg: TrainConfig, rank: int, buffer_address: str | list, model_dir: str, run_dir: str,
                  dist_address: str, keys=None):
+        """``buffer_address``: the buffer's address, or a list holding the Ray reference to it (the buffer may
+        still be binding): then it is resolved when the learner makes its buffer client, after its model loaded."""
         begin_role(run_dir, f"learner{rank}", keys)
         set_torch_threads(cfg.torch_threads)
         if cfg.number_of_learners > 1:
@@ -85,7 +87,8 @@ class LearnerRole(_Role):
                                     world_size=cfg.number_of_learners)
         bind = f"tcp://{cfg.host}:0"
         model_dir = local_model(model_dir, run_dir)
-        self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer_address,
+        buffer = buffer_address if isinstance(buffer_address, str) else lambda: resolved(buffer_address)
+        self.parts = build_learner(cfg, rank, cfg.number_of_learners, run_dir, model_dir, buffer,
                                    weights_bind=(bind, bind), resume=bool(cfg.resume))
         mark("ready")
 
@@ -106,14 +109,20 @@ class LearnerRole(_Role):
         self.parts.close(linger=False)
 
 
-def learner_endpoints(buffer: str, weights: list):
-    """The actor's endpoints once learner 0 is up: ``weights`` holds the Ray reference to its
-    ``weight_addresses()`` (in a list, so Ray does not wait for it before the actor's constructor starts)."""
+def resolved(ref: list):
+    """The value of the Ray reference in ``ref`` (a list of one: passed that way, Ray does not wait for it before
+    the constructor that receives it starts)."""
     import ray
 
+    return ray.get(ref[0])
+
+
+def learner_endpoints(buffer: str | list, weights: list):
+    """The actor's endpoints once learner 0 is up: ``weights`` holds the Ray reference to its
+    ``weight_addresses()``; ``buffer`` is the buffer's address or holds the reference to it (:func:`resolved`)."""
     from distrl.rollout.actor import ActorEndpoints
 
-    return ActorEndpoints(buffer, *ray.get(weights[0]))
+    return ActorEndpoints(buffer if isinstance(buffer, str) else resolved(buffer), *resolved(weights))
 
 
 class RolloutRole(_Role):

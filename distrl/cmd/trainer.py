@@ -3,8 +3,9 @@
 The roles are thin Ray actors (`distrl/cmd/roles.py`) around the plain classes (`distrl.buffer.server.BufferServer`,
 `distrl.rollout.actor.RolloutActor`, `distrl.learn.learner.Learner`); they talk only over ZMQ:
 
-    driver: run dir + model -> BufferRole (address) -> LearnerRole x L and RolloutRole x A, started together
-            (each actor loads and warms up its engine, then waits for learner 0's weight endpoints)
+    driver: run dir + model -> BufferRole, LearnerRole x L and RolloutRole x A, started together
+            (the learners and actors load their models while the buffer binds; each actor loads and warms up its
+            engine, then waits for learner 0's weight endpoints)
             -> run all -> learners finish max_steps -> STOP -> actors exit -> SHUTDOWN buffer -> summary
 
 Any role that raises ends the run: after shutting the others down the driver raises its error as
@@ -98,13 +99,16 @@ def _connect_ray(cfg: TrainConfig) -> bool:
     # roles log to <run_dir>/logs/<role>.log only (distrl.core.logs); a role's error reaches the driver as its
     # exception (RoleFailed), so Ray forwards no output and prints no "Unhandled error" dumps at exit
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
-    quiet = dict(log_to_driver=False, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+    env = {"TOKENIZERS_PARALLELISM": "false"}  # every role's
     if cfg.ray_address is None:
+        # a local cluster's workers inherit this process's environment: no job runtime_env, whose setup before each
+        # worker start made the roles' processes ~2 s later to start (measured on the 2-core VM)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.update(env)
         ray.init(include_dashboard=False, object_store_memory=256 * 2**20, **quiet)
     else:
-        ray.init(address=cfg.ray_address, **quiet)
+        ray.init(address=cfg.ray_address, runtime_env={"env_vars": env}, **quiet)
     ray_errors_to_log()
     return True
 
@@ -116,6 +120,7 @@ class _Run:
     placement: object = None
     buffer: object = None
     buffer_address: str | None = None
+    buffer_address_ref: object = None  # the Ray reference to it (the learners and actors resolve it)
     buffer_ref: object = None
     console: object = None
     watchdog: object = None
@@ -161,7 +166,9 @@ def _prepare(cfg: TrainConfig) -> tuple[TrainConfig, Path, str, bool]:
 
 
 def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> None:
-    """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts."""
+    """Buffer (then the live view), learners, rollout actors, each recorded in `run` as it starts. The three are
+    created together: the learners and actors start their processes and load their models while the buffer binds;
+    each resolves the buffer's address (``run.buffer_address_ref``) where it first needs it."""
     import ray
 
     from distrl.rollout.actor import ActorEndpoints
@@ -175,25 +182,28 @@ def _start_roles(cfg: TrainConfig, run_dir: Path, model_dir: str, run: _Run) -> 
         plan.role_cfg["buffer0"], str(run_dir),
         plan.where("learner0", checkpoint_version, run_dir) if cfg.resume else None, plan.keys,  # learner 0's node
         replica)
-    run.buffer_address = ray.get(run.buffer.address.remote())
-    mark("buffer_ready")
-    run.hosts["buffer0"] = ray.get(run.buffer.node_address.remote())  # before serve() holds its thread
+    run.buffer_address_ref = run.buffer.address.remote()
+    buffer_host = run.buffer.node_address.remote()  # before serve() holds its thread (a Ray actor's calls run in order)
     run.buffer_ref = run.buffer.serve.remote()
-    run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
+    buffer = [run.buffer_address_ref]  # in a list: Ray does not wait for it before a role's constructor starts
     dist_address = plan.dist_address or f"tcp://{cfg.host}:{_free_port(cfg.host)}"
     run.learners = [LearnerRole.options(**run.placement.options(f"learner{r}")).remote(
-                        plan.role_cfg[f"learner{r}"], r, run.buffer_address, plan.model_dirs[f"learner{r}"],
+                        plan.role_cfg[f"learner{r}"], r, buffer, plan.model_dirs[f"learner{r}"],
                         str(run_dir), dist_address, plan.keys)
                     for r in range(cfg.number_of_learners)]
     run.weights = run.learners[0].weight_addresses.remote()  # kept: a restarted actor resolves it again
     # the actors load and warm up their engines while the learners load; they ask for learner 0's weight endpoints
     # after that (a vLLM engine's first start on a GPU asks before: distrl.rollout.engines.vllm_plan)
-    late = functools.partial(learner_endpoints, run.buffer_address, [run.weights])
+    late = functools.partial(learner_endpoints, buffer, [run.weights])
     restarts = dict(max_restarts=cfg.max_actor_restarts, max_task_retries=cfg.max_actor_restarts)
     mark("actors_created")
     run.actors = [RolloutRole.options(**restarts, **run.placement.options(f"actor{i}")).remote(
                       plan.role_cfg[f"actor{i}"], i, late, plan.model_dirs[f"actor{i}"], str(run_dir), plan.keys)
                   for i in range(cfg.number_of_actors)]
+    run.buffer_address = ray.get(run.buffer_address_ref)
+    mark("buffer_ready")
+    run.hosts["buffer0"] = ray.get(buffer_host)
+    run.console = start_console(cfg.console, run.buffer_address, run_dir, cfg.max_steps, cfg.max_rows)
     pub, latest = ray.get(run.weights)
     write_train_join_file(cfg, run_dir, model_dir, ActorEndpoints(run.buffer_address, pub, latest), plan.keys,
                           [f.name for f in flat_fields(RolloutConfig)])  # `distrl rollout --join`

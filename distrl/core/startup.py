@@ -26,8 +26,8 @@ FILE = "logs/startup.jsonl"
 PHASES = {
     "imports": (("driver", "launch"), ("driver", "train")),  # interpreter, distrl and torch imports
     "ray_start": (("driver", "train"), ("driver", "ray_started")),  # run directory and ray.init
-    "buffer": (("driver", "ray_started"), ("driver", "buffer_ready")),  # its Ray worker and bind
-    "learner_process": (("driver", "buffer_ready"), ("learner0", "role_started")),  # Ray worker up, imports
+    "buffer": (("driver", "ray_started"), ("driver", "buffer_ready")),  # its Ray worker and bind (beside the roles')
+    "learner_process": (("driver", "actors_created"), ("learner0", "role_started")),  # Ray worker up, imports
     "learner_model_load": (("learner0", "role_started"), ("learner0", "model_loaded")),
     "learner_warm_up": (("learner0", "model_loaded"), ("learner0", "ready")),  # compiles, optimizer, publisher
     "actor_process": (("driver", "actors_created"), ("actor0", "role_started")),

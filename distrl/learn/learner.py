@@ -38,6 +38,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -95,12 +96,13 @@ class Learner:
     ``train_step(table)`` is the whole step on one shard (usable without a buffer); ``accumulate``
     only computes the gradients (tests compare micro-batchings with it). ``client``: the buffer client
     (:class:`distrl.core.buffer_client.BufferApi`) to use instead of a BufferClient of ``buffer_address``
-    (tests: ``distrl.buffer.inprocess``).
+    (tests: ``distrl.buffer.inprocess``); ``buffer_address`` may be a callable returning it, called once the model
+    is loaded (``distrl train`` starts its learners while the buffer still binds).
     """
 
     def __init__(self, learn: LearnOptions, shared: SharedOptions, staleness: StalenessOptions, rank: int,
-                 world_size: int, buffer_address: str, model_dir: str, publisher=None, tb_dir: str | None = None,
-                 run_dir: str | Path | None = None, client: BufferApi | None = None):
+                 world_size: int, buffer_address: str | Callable[[], str], model_dir: str, publisher=None,
+                 tb_dir: str | None = None, run_dir: str | Path | None = None, client: BufferApi | None = None):
         self.learn, self.shared, self.staleness = learn, shared, staleness
         self.rank, self.world_size, self.model_dir = rank, world_size, model_dir
         torch.manual_seed(shared.seed)
@@ -138,10 +140,12 @@ class Learner:
         if learn.kl_coef > 0 and shared.finetune == "full":
             self.reference = frozen_reference(self.model)
         self.pad_id = self.model.config.pad_token_id or 0
+        # a callable ``buffer_address`` is called only now, once the model is loaded and warmed up
+        self.buffer_address = buffer_address() if callable(buffer_address) else buffer_address
         if client is None:
             from distrl.core.buffer_client import BufferClient
 
-            client = BufferClient(buffer_address, f"learner{rank}", timeout_s=60.0,
+            client = BufferClient(self.buffer_address, f"learner{rank}", timeout_s=60.0,
                                   curve_server_key=shared.buffer_curve_server_key,
                                   curve_client_key=shared.buffer_curve_client_key)
         self.client = client

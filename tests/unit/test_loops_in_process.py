@@ -46,8 +46,10 @@ def test_one_actor_step_puts_groups_and_one_learner_step_makes_version_1(parts):
     assert {(r["policy_version"], r["last_policy_version"], r["actor_id"]) for r in rows} == {(0, 0, 0)}
     assert buffer.store.stats()["groups"] == 2
 
-    learner = Learner(*learner_sections(parts["cfg"]), 0, 1, "in-process", parts["model"], parts["publisher"],
-                      client=buffer.client("learner0"))
+    asked = []  # the buffer's address may come late (distrl train: a Ray reference): asked once, after the load
+    learner = Learner(*learner_sections(parts["cfg"]), 0, 1, lambda: asked.append(1) or "in-process", parts["model"],
+                      parts["publisher"], client=buffer.client("learner0"))
+    assert asked == [1] and learner.buffer_address == "in-process"
     try:
         result = learner.run()  # max_steps 1: GET version 0's batch, one optimizer step, publish version 1
     finally:
