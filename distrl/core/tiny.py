@@ -1,9 +1,10 @@
 """The embedded default model (`--model tiny`): a tiny Qwen2 with a character tokenizer, built in code.
 
 No download: the tokenizer is a character-level `tokenizers` model over the characters that the
-built-in `arith` task and the `calculator` environment's calls use (52 tokens), and the model is a Qwen2 architecture with random weights
-(hidden 128, 4 heads of size 32 — vLLM on CPU needs a head size of at least 32 — 2 layers). Both are
-saved with `save_pretrained`, so vLLM, transformers and Unsloth load the directory like any hub model.
+built-in `arith` task and the `calculator` environment's calls use (52 tokens), and the model is a Qwen2
+architecture with random weights (hidden 128, 4 heads of size 32 — vLLM on CPU needs a head size of at least
+32 — 2 layers). Both are saved with `save_pretrained`, so vLLM, transformers and Unsloth load the directory
+like any hub model.
 """
 
 from __future__ import annotations
