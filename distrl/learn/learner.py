@@ -66,6 +66,7 @@ from distrl.learn.model import (
 )
 from distrl.learn.optim import build_optimizer
 from distrl.learn.quarantine import LearnerAttestation
+from distrl.learn.reweight import normalise, row_weights
 from distrl.learn.step_stats import History, combine
 from distrl.learn.tensor_metrics import to_floats
 
@@ -198,8 +199,9 @@ class Learner:
 
     # ---- one version -------------------------------------------------------------------------
 
-    def prepare(self, table: pa.Table) -> tuple[Normalizer, np.ndarray, dict]:
-        """All-reduced batch totals -> (normalizer, this rank's advantages (b,) float64, totals)."""
+    def prepare(self, table: pa.Table, weights: np.ndarray | None = None) -> tuple[Normalizer, np.ndarray, dict]:
+        """All-reduced batch totals -> (normalizer, this rank's advantages (b,) float64, totals); ``weights`` (b,)
+        > 0 (``--bias_correction``, :meth:`bias_weights`) multiply the advantages: the weighted policy loss."""
         loss = self.in_loss(table)  # --truncation mask: truncated completions get no loss
         advantages = table.column("advantage").to_numpy().astype(np.float64)
         rewards = table.column("reward").to_numpy().astype(np.float64).tolist()
@@ -216,7 +218,20 @@ class Learner:
         norm_tokens = float(self.learn.loss_norm_tokens or self.shared.max_new_tokens)
         aggregation = aggregation_in_effect(self.shared.learner, self.learn.loss_aggregation)
         norm = Normalizer(aggregation, n_tok, n_seq, norm_tokens)
+        if weights is not None:
+            advantages = advantages * weights
         return norm, advantages, totals
+
+    def bias_weights(self, table: pa.Table) -> np.ndarray | None:
+        """``--bias_correction reweight``: (b,) weights of this shard's rows from the buffer's histograms sent
+        with the batch, mean 1 over the version's batch (all ranks; :mod:`distrl.learn.reweight`); else None."""
+        if self.learn.bias_correction != "reweight":
+            return None
+        ids = table.column("group_id").to_pylist()
+        bias = self.client.last_bias
+        raw = np.ones(len(ids)) if bias is None else row_weights(ids, *bias)
+        total, count = all_reduce_sum([float(raw.sum()), len(ids)], self.world_size)
+        return normalise(raw, total, int(count))
 
     def in_loss(self, table: pa.Table) -> np.ndarray:
         """(b,) bool: which completion rows get a loss: with ``--truncation mask`` (DAPO's overlong
@@ -243,10 +258,10 @@ class Learner:
             parts.append(self._forward_backward(mb, norm))
         return to_floats(parts)  # the step's one wait for the device
 
-    def train_step(self, table: pa.Table) -> dict:
-        """One optimizer step of this rank on its shard (a COMPLETION_SCHEMA table); returns metrics of the
-        version's batch."""
-        norm, advantages, totals = self.prepare(table)
+    def train_step(self, table: pa.Table, weights: np.ndarray | None = None) -> dict:
+        """One optimizer step of this rank on its shard (a COMPLETION_SCHEMA table; ``weights``: see
+        :meth:`prepare`); returns metrics of the version's batch."""
+        norm, advantages, totals = self.prepare(table, weights)
         lr = self.optimizer.param_groups[0]["lr"]
         parts, grad_norm = [], 0.0
         if totals["signal"]:
@@ -271,6 +286,8 @@ class Learner:
                       "learner/advantage_abs_mean": sum(np.abs(advantages).tolist()) / max(len(advantages), 1)})
         if self.baseline is not None:
             stats["learner/baseline"] = self.baseline.value
+        if weights is not None and len(weights):
+            stats.update({"learner/bias_weight_min": float(weights.min()), "learner/bias_weight_max": float(weights.max())})
         return stats
 
     @property
@@ -323,7 +340,7 @@ class Learner:
             if self.attest is not None:  # groups whose weight stamp does not match are not trained on
                 table = self.attest.check(table, self.version)
             t1 = time.perf_counter()
-            stats = self.train_step(table)
+            stats = self.train_step(table, self.bias_weights(table))
             tokens += stats["tokens"]
             stats["learner/tokens_per_s"] = stats.pop("tokens") / (time.perf_counter() - t1)
             if torch.cuda.is_available():  # the most GPU memory torch's allocator held so far, GiB
