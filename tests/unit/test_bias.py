@@ -146,3 +146,15 @@ def test_weights_reach_the_loss(tiny):
     for got, want in zip(grads(table, weights), grads(scaled, None)):
         assert np.allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-7)
     assert any(not np.allclose(g.numpy(), u.numpy()) for g, u in zip(grads(table, weights), grads(table, None)))
+
+
+def test_end_of_run_report_has_the_bias_section(tmp_path, capsys):
+    from distrl.cmd.report import write_report
+
+    numbers = write_report(tmp_path, {"versions": 2, "wall_s": 1.0, "buffer": starved_store().stats()})
+    assert numbers["bias_len_gap"] == -9.0 and numbers["bias_difficulty_gap"] == 0.25
+    assert numbers["bias_lag_mean"] == 0.0 and numbers["bias_untrained_share"] == 0.5
+    assert "sampling bias" in capsys.readouterr().out
+    text = (tmp_path / "bias.md").read_text()
+    assert "length gap **-9.00** tokens" in text and "| 0 | 4 | 4 | 12.5 | 0.500 | 0.00 | 2 | 3.5 | 0.750 |" in text
+    assert write_report(tmp_path, {"versions": 1, "wall_s": 1.0})["bias_md"] is None  # an older run's summary
