@@ -287,7 +287,8 @@ class Learner:
         if self.baseline is not None:
             stats["learner/baseline"] = self.baseline.value
         if weights is not None and len(weights):
-            stats.update({"learner/bias_weight_min": float(weights.min()), "learner/bias_weight_max": float(weights.max())})
+            stats.update({"learner/bias_weight_min": float(weights.min()),
+                          "learner/bias_weight_max": float(weights.max())})
         return stats
 
     @property
