@@ -1,9 +1,9 @@
 """A test-only ``--reward`` with a deliberately slow slice: arith's own reward (exact integer match), but scoring a
 completion of a multiplication problem (the slice: ``*``, whose answers are the long ones, up to 3 digits
-against 2 for ``+`` with ``--arith_max_operand 12``, and the hard ones) first sleeps ``SLOW_S`` seconds
+against 2 for ``+`` with ``--arith_max_operand 20``, and the hard ones) first sleeps ``SLOW_S`` seconds
 (``DISTRL_SLOW_SLICE_S``, default 0.1), so its groups finish late, as long answers do.
 
-    distrl train --task arith --arith_ops '+*' --arith_max_operand 12 --reward tests/data/slow_slice_reward.py:reward \
+    distrl train --task arith --arith_ops '+*' --arith_max_operand 20 --reward tests/data/slow_slice_reward.py:reward \
         --reward_timeout_s none ...
 """
 
