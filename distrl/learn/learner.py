@@ -26,6 +26,10 @@ and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards 
 version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
 ``distrl.learn.model.export_final``).
 
+With ``--bias_correction reweight`` each row's advantage is multiplied by its group's weight
+(:meth:`Learner.bias_weights`, :mod:`distrl.learn.reweight`: the buffer's generated / trained shares of the group's
+(length, difficulty) cell, sent with the BATCH), which weights the policy loss toward the generated mix.
+
 Works under Ray (``distrl.cmd.roles.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``distrl.learn.distributed``).
 """
