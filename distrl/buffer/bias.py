@@ -95,9 +95,15 @@ class _Stage:
 
     def add(self, length: np.ndarray, difficulty: np.ndarray, lag: np.ndarray) -> None:
         self.groups += len(length)
-        self.length += float(np.sum(length))
-        self.difficulty += float(np.sum(difficulty))
-        self.lag += float(np.sum(lag))
+        self.length += float(np.add.reduce(length))
+        self.difficulty += float(np.add.reduce(difficulty))
+        self.lag += float(np.add.reduce(lag))
+
+    def merge(self, other: "_Stage") -> None:
+        self.groups += other.groups
+        self.length += other.length
+        self.difficulty += other.difficulty
+        self.lag += other.lag
 
     def means(self) -> dict[str, float | int | None]:
         n = self.groups
@@ -122,11 +128,10 @@ class BiasMonitor:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
         self.versions: dict[int, _Version] = {}
-        self.totals = _Version()
         self.generated_cells = np.zeros(N_CELLS, np.int64)
         self.trained_cells = np.zeros(N_CELLS, np.int64)
         self.trained_once = 0  # groups handed out at least once
-        self._held: dict[int, tuple[int, float, float, int, str]] = {}  # seq -> cell, length, difficulty, version, gid
+        self._held: dict[int, tuple[int, float, float, int]] = {}  # seq -> cell, length, difficulty, version
         self._batch_cells: dict[int, dict[str, int]] = {}  # learner version -> {group_id: cell} of its selection
 
     def _version(self, v: int) -> _Version:
@@ -138,61 +143,58 @@ class BiasMonitor:
         """``n`` credits granted (prompts issued) while the learners are at ``learner_version``."""
         if n:
             self._version(learner_version).issued += n
-            self.totals.issued += n
 
     def generated(self, parents: list[pa.RecordBatch], offset: np.ndarray, seq: np.ndarray, version: np.ndarray,
                   learner_version: int) -> None:
         """Groups accepted: group j is rows ``offset[j] + [0, group_size)`` of ``parents[j]``, ``seq`` and
         ``version`` (policy version) (c,)."""
-        n = self.group_size
-        per_parent: dict[int, tuple[np.ndarray, np.ndarray, pa.Array]] = {}
-        length, difficulty, gids = np.empty(len(offset)), np.empty(len(offset)), []
-        for j, (parent, start) in enumerate(zip(parents, offset.tolist())):
-            if id(parent) not in per_parent:
-                per_parent[id(parent)] = (model_tokens(parent), parent.column("reward").to_numpy(
-                    zero_copy_only=False).astype(np.float64), parent.column("group_id"))
-            tokens, rewards, group_id = per_parent[id(parent)]
-            length[j] = tokens[start:start + n].mean()
-            difficulty[j] = rewards[start:start + n].mean()
-            gids.append(group_id[start].as_py())
+        rows = offset[:, None] + np.arange(self.group_size)  # (c, n) row of each completion in its parent
+        length, difficulty = np.empty(len(offset)), np.empty(len(offset))
+        first = 0
+        while first < len(parents):  # runs of groups from one parent (one PUT message: all of them)
+            parent, last = parents[first], first + 1
+            while last < len(parents) and parents[last] is parent:
+                last += 1
+            reward = parent.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
+            length[first:last] = np.add.reduce(model_tokens(parent)[rows[first:last]], axis=1) / self.group_size
+            difficulty[first:last] = np.add.reduce(reward[rows[first:last]], axis=1) / self.group_size
+            first = last
         cell = cells(length, difficulty)
-        np.add.at(self.generated_cells, cell, 1)
-        lag = learner_version - version
-        for v in np.unique(version).tolist():
-            at = version == v
-            self._version(v).stages["generated"].add(length[at], difficulty[at], lag[at])
-        self.totals.stages["generated"].add(length, difficulty, lag)
-        for s, c, ln, d, v, g in zip(seq.tolist(), cell.tolist(), length.tolist(), difficulty.tolist(),
-                                     version.tolist(), gids):
-            self._held[s] = (c, ln, d, v, g)
+        self.generated_cells += np.bincount(cell, minlength=N_CELLS)
+        self._stage("generated", length, difficulty, version, learner_version)
+        self._held.update(zip(seq.tolist(), zip(cell.tolist(), length.tolist(), difficulty.tolist(), version.tolist())))
 
     def _take(self, seq: np.ndarray, keep: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        """The held features of groups ``seq`` (unknown ones skipped), forgotten unless ``keep[j]``."""
+        """(cell, length, difficulty, version, j) of the groups ``seq`` this monitor holds (j: their positions in
+        ``seq``), forgotten unless ``keep[j]``."""
         rows = []
         for j, s in enumerate(seq.tolist()):
             held = self._held.get(s) if keep is not None and keep[j] else self._held.pop(s, None)
             if held is not None:
-                rows.append(held)
+                rows.append((*held, j))
         if not rows:
-            return (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), [])
-        c, ln, d, v, g = zip(*rows)
-        return np.array(c, np.int64), np.array(ln), np.array(d), np.array(v, np.int64), list(g)
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        c, ln, d, v, j = zip(*rows)
+        return np.array(c, np.int64), np.array(ln), np.array(d), np.array(v, np.int64), np.array(j, np.int64)
 
     def _stage(self, stage: str, length, difficulty, version, learner_version: int) -> None:
         lag = learner_version - version
-        for v in np.unique(version).tolist():
-            at = version == v
-            self._version(v).stages[stage].add(length[at], difficulty[at], lag[at])
-        self.totals.stages[stage].add(length, difficulty, lag)
+        if len(version) and version.min() == version.max():  # the common case: one policy version
+            self._version(int(version[0])).stages[stage].add(length, difficulty, lag)
+        else:
+            for v in np.unique(version).tolist():
+                at = version == v
+                self._version(v).stages[stage].add(length[at], difficulty[at], lag[at])
 
-    def trained(self, seq: np.ndarray, learner_version: int, used_up: np.ndarray, first_use: np.ndarray) -> None:
-        """Groups ``seq`` selected for ``learner_version``; ``used_up``: they leave memory; ``first_use``: not
-        handed out before (all (c,) bool)."""
-        cell, length, difficulty, version, gids = self._take(seq, keep=~used_up)
-        np.add.at(self.trained_cells, cell, 1)
+    def trained(self, seq: np.ndarray, learner_version: int, used_up: np.ndarray, first_use: np.ndarray,
+                gids: list[str]) -> None:
+        """Groups ``seq`` (named ``gids``) selected for ``learner_version``; ``used_up``: they leave memory;
+        ``first_use``: not handed out before (all (c,) bool)."""
+        cell, length, difficulty, version, found = self._take(seq, keep=~used_up)
+        self.trained_cells += np.bincount(cell, minlength=N_CELLS)
         self.trained_once += int(first_use.sum())
         self._stage("trained", length, difficulty, version, learner_version)
-        self._batch_cells[learner_version] = dict(zip(gids, cell.tolist()))
+        self._batch_cells[learner_version] = dict(zip([gids[j] for j in found.tolist()], cell.tolist()))
         for old in sorted(self._batch_cells)[:-KEEP_CELLS]:
             del self._batch_cells[old]
 
@@ -210,13 +212,17 @@ class BiasMonitor:
     def summary(self) -> dict:
         """The gaps of the run so far and per-version stage means (module docstring); None where a stage is
         empty."""
-        t = {s: self.totals.stages[s].means() for s in STAGES[1:]}
+        totals = _Version(issued=sum(rec.issued for rec in self.versions.values()))
+        for rec in self.versions.values():
+            for s in STAGES[1:]:
+                totals.stages[s].merge(rec.stages[s])
+        t = {s: totals.stages[s].means() for s in STAGES[1:]}
         gen, tr = t["generated"], t["trained"]
 
         def gap(key: str) -> float | None:
             return None if gen[key] is None or tr[key] is None else tr[key] - gen[key]
 
-        issued = self.totals.issued
+        issued = totals.issued
         by_version = [{"version": v, "issued": rec.issued, **{s: rec.stages[s].means() for s in STAGES[1:]}}
                       for v, rec in sorted(self.versions.items())]
         return {"len_gap": gap("length"), "difficulty_gap": gap("difficulty"), "lag_mean": tr["lag"],

@@ -310,7 +310,8 @@ class GroupStore:
         parents = [s.parents[i] for i in chosen.tolist()]
         s.uses[chosen] += 1
         used_up = s.uses[chosen] >= self.replay_ratio
-        self.bias.trained(s.seq[chosen], version, used_up, s.uses[chosen] == 1)
+        self.bias.trained(s.seq[chosen], version, used_up, s.uses[chosen] == 1,
+                          [p.column("group_id")[o].as_py() for p, o in zip(parents, offset.tolist())])
         again = chosen[~used_up]  # handed out again later: to the back of the queue, in this order
         s.arrival[again] = np.arange(self._next_arrival, self._next_arrival + len(again))
         self._next_arrival += len(again)
