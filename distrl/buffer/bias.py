@@ -38,7 +38,10 @@ over the cells (length bucket, difficulty bucket): generated and trained (each h
 fixed, so the histograms add across a run: length bucket ``b = #{e in LENGTH_EDGES : e <= length}``
 (powers of two, 13 buckets), difficulty bucket ``#{e in DIFFICULTY_EDGES : e <= mean reward}``
 (4 buckets; a reward outside [0, 1] falls in the first or last). The cell index is
-``length_bucket * len(DIFFICULTY_BUCKETS) + difficulty_bucket``.
+``length_bucket * N_DIFFICULTY + difficulty_bucket``.
+
+Counts start with the buffer process: a resumed buffer counts the groups it restores from the segment log as
+generated again (and the credits of the resumed run as issued); they are not checkpointed.
 """
 
 from __future__ import annotations
