@@ -206,11 +206,15 @@ class BiasMonitor:
         _, length, difficulty, version, _ = self._take(seq)
         self._stage("evicted", length, difficulty, version, learner_version)
 
-    def batch_fields(self, learner_version: int) -> dict:
+    def batch_fields(self, learner_version: int, shard: pa.Table | None = None) -> dict:
         """What a BATCH reply for ``learner_version`` carries for ``--bias_correction`` (wire ``Batch``):
-        the running histograms over cells and the cell of each group of the selection, by group id."""
+        the running histograms over cells and the cell of each group of the selection, by group id (those of
+        ``shard``'s rows only, when given)."""
+        chosen = self._batch_cells.get(learner_version, {})
+        if shard is not None:
+            chosen = {g: chosen[g] for g in pc.unique(shard.column("group_id")).to_pylist() if g in chosen}
         return {"bias_generated": self.generated_cells.tolist(), "bias_trained": self.trained_cells.tolist(),
-                "bias_cells": dict(self._batch_cells.get(learner_version, {}))}
+                "bias_cells": dict(chosen)}
 
     def summary(self) -> dict:
         """The gaps of the run so far and per-version stage means (module docstring); None where a stage is

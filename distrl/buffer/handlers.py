@@ -20,7 +20,7 @@ learner_version, get_latency_ms (histogram, p50, p99); and at each selection the
 buffer/staleness and buffer/staleness_mean. The sampling-bias monitor's ``bias/*`` scalars
 (:meth:`distrl.buffer.bias.BiasMonitor.scalars`: len_gap, difficulty_gap, lag_mean, untrained_share, and each
 stage's mean length and difficulty) are written with them; each BATCH carries the monitor's histograms and the
-cells of the selection's groups (``bias_generated``, ``bias_trained``, ``bias_cells``) for ``--bias_correction``.
+cells of its shard's groups (``bias_generated``, ``bias_trained``, ``bias_cells``) for ``--bias_correction``.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Handlers:
         held = {"held_ms": round((time.monotonic() - held_since) * 1e3, 3)} if held_since else {}
         reply = wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,
                             rank=rank, world_size=world_size, rows=shard.num_rows, **held,
-                            **self.store.bias.batch_fields(version))
+                            **self.store.bias.batch_fields(version, shard))
         self._get_ms.append((time.perf_counter() - t0) * 1e3)
         return reply
 

@@ -59,6 +59,7 @@ def test_cells_histograms_and_batch_fields():
     expected[17] = 0
     assert fields["bias_trained"] == expected.tolist() and fields["bias_cells"] == {"a": 7, "b": 7}
     assert s.bias.batch_fields(5)["bias_cells"] == {}
+    assert s.bias.batch_fields(0, make_group("a"))["bias_cells"] == {"a": 7}  # a shard's groups only
     assert s.bias._held == {}  # every group left memory: nothing remembered
 
 
