@@ -17,7 +17,10 @@ Metrics (TensorBoard, stepped by learner version), about once a second (:meth:`H
 bytes, groups, ingest_rows_per_s, ingest_mb_per_s, ingest_groups_per_s, duplicates, evicted_<reason>,
 credits_granted, credits_refunded, credit_violations, credits_owed, refused_full, bad_requests,
 learner_version, get_latency_ms (histogram, p50, p99); and at each selection the histogram
-buffer/staleness and buffer/staleness_mean.
+buffer/staleness and buffer/staleness_mean. The sampling-bias monitor's ``bias/*`` scalars
+(:meth:`distrl.buffer.bias.BiasMonitor.scalars`: len_gap, difficulty_gap, lag_mean, untrained_share, and each
+stage's mean length and difficulty) are written with them; each BATCH carries the monitor's histograms and the
+cells of its shard's groups (``bias_generated``, ``bias_trained``, ``bias_cells``) for ``--bias_correction``.
 """
 
 from __future__ import annotations
@@ -163,7 +166,8 @@ class Handlers:
             self._log_selection(version)
         held = {"held_ms": round((time.monotonic() - held_since) * 1e3, 3)} if held_since else {}
         reply = wire.encode(MsgType.BATCH, SENDER, header.seq, body=shard, learner_version=version,
-                            rank=rank, world_size=world_size, rows=shard.num_rows, **held)
+                            rank=rank, world_size=world_size, rows=shard.num_rows, **held,
+                            **self.store.bias.batch_fields(version, shard))
         self._get_ms.append((time.perf_counter() - t0) * 1e3)
         return reply
 
@@ -238,6 +242,7 @@ class Handlers:
         rows, nbytes, groups = self._ingest
         values.update({"buffer/ingest_rows_per_s": rows / dt, "buffer/ingest_mb_per_s": nbytes / dt / 1e6,
                        "buffer/ingest_groups_per_s": groups / dt})
+        values.update(self.store.bias.scalars())
         step = stats["learner_version"]
         if self._get_ms:
             values["buffer/get_latency_ms_p50"] = float(np.percentile(self._get_ms, 50))

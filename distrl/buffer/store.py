@@ -42,6 +42,7 @@ from typing import ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 
+from distrl.buffer.bias import BiasMonitor
 from distrl.buffer.groups import Slots, cut
 from distrl.buffer.intake import DEDUP_WINDOW, Intake, Persist
 from distrl.buffer.selection import first_k, order_keys
@@ -126,6 +127,7 @@ class GroupStore:
         self.last_staleness: list[int] = []
         self.logged_below: int | None = None  # groups with seq >= this are not in the log yet: not handed out
         self.bound_moves = False  # the learners announce max_staleness (announce_bound): resume restores it
+        self.bias = BiasMonitor(group_size)  # what is issued, generated, trained, evicted (distrl.buffer.bias)
 
     # ---- PUT: the intake's, and where it holds the groups of a PUT -----------------------------
 
@@ -182,6 +184,7 @@ class GroupStore:
                filtered: np.ndarray | None) -> None:
         """Hold c accepted groups, group j being rows ``offset[j] + [0, group_size)`` of ``parents[j]``
         (``keep``: (c, k), the rest (c,)); those ``filtered`` (zero variance) or already stale are evicted."""
+        self.bias.generated(parents, offset, seq, version, self.learner_version)
         if filtered is not None and len(filtered):
             passed = np.flatnonzero(~filtered)  # the count restarts after the last group that passed
             self.filtered_in_a_row = (len(filtered) - 1 - int(passed[-1]) if passed.size
@@ -189,6 +192,7 @@ class GroupStore:
         if filtered is not None and filtered.any():
             self.filtered_since_batch += int(filtered.sum())
             self._count_eviction("zero_variance", int(filtered.sum()))
+            self.bias.evicted(seq[filtered], self.learner_version)
             hold = ~filtered
             parents = [p for p, h in zip(parents, hold.tolist()) if h]
             offset, keep, seq, version, variance = offset[hold], keep[hold], seq[hold], version[hold], variance[hold]
@@ -210,6 +214,7 @@ class GroupStore:
         self.rows -= len(slots) * self.group_size
 
     def _evict(self, slots: np.ndarray, reason: str) -> None:
+        self.bias.evicted(self._slots.seq[slots], self.learner_version)
         self._remove(slots)
         self._count_eviction(reason, len(slots))
 
@@ -306,6 +311,8 @@ class GroupStore:
         parents = [s.parents[i] for i in chosen.tolist()]
         s.uses[chosen] += 1
         used_up = s.uses[chosen] >= self.replay_ratio
+        self.bias.trained(s.seq[chosen], version, used_up, s.uses[chosen] == 1,
+                          [p.column("group_id")[o].as_py() for p, o in zip(parents, offset.tolist())])
         again = chosen[~used_up]  # handed out again later: to the back of the queue, in this order
         s.arrival[again] = np.arange(self._next_arrival, self._next_arrival + len(again))
         self._next_arrival += len(again)
@@ -358,6 +365,7 @@ class GroupStore:
             raise ValueError(f"want must be >= 0, got {want}")
         granted = min(want, self.open_credits())
         self.credits_granted += granted
+        self.bias.issued(granted, self.learner_version)
         return granted
 
     def open_credits(self) -> int:
@@ -417,6 +425,7 @@ class GroupStore:
             "filtered_in_a_row": self.filtered_in_a_row, "credits_allowed": self.allowed_groups,
             "credit_violations": self.credit_violations, "credit_excess_max": self.credit_excess_max,
             "max_staleness": self.max_staleness,
+            "bias": self.bias.summary(),
         }
         stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})
         return stats

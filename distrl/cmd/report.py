@@ -6,7 +6,8 @@ Sources, all written by the roles during the run (nothing new is logged for the 
   ``EventAccumulator``): ``learner/reward_mean``, ``learner/staleness_mean``/``_max`` and
   ``learner/tokens_per_s`` per policy version; the actors' ``actor/tokens_per_s`` (``tb/actor<i>``);
 - ``<run_dir>/eval.jsonl`` (``--eval_every``): held-out accuracy per evaluated version;
-- the driver's summary dict (versions, wall time, buffer counters).
+- the driver's summary dict (versions, wall time, buffer counters), whose buffer counters hold the sampling-bias
+  monitor's (:mod:`distrl.cmd.bias_report`: the ``bias_*`` numbers, a table row, and ``<run_dir>/bias.md``).
 
 :func:`write_report` draws ``<run_dir>/curve.png`` (matplotlib, Agg backend: mean training reward
 per policy version, and held-out accuracy), prints a table with rich, adds the report's numbers to
@@ -29,6 +30,8 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from distrl.cmd.bias_report import bias_numbers, write_bias
 
 LEARNER_TAGS = ("learner/reward_mean", "learner/staleness_mean", "learner/staleness_max", "learner/tokens_per_s")
 
@@ -105,7 +108,7 @@ def report_numbers(run_dir: str | Path, summary: dict) -> tuple[dict[str, Any], 
         "groups": (summary.get("buffer") or {}).get("groups_put"),
         "curve_png": str(run_dir / "curve.png"), "tensorboard_dir": str(run_dir / "tb"),
         "eval_jsonl": str(run_dir / "eval.jsonl") if evals else None,
-        "summary_json": str(run_dir / "summary.json"),
+        "summary_json": str(run_dir / "summary.json"), **bias_numbers(summary),
     }, series, evals
 
 
@@ -166,6 +169,9 @@ def print_table(numbers: dict, file=None) -> None:
         ("tokens/s", f"learner {_fmt(n['learner_tokens_per_s'], '.0f')}, "
                      f"actors {_fmt(n['actor_tokens_per_s'], '.0f')}"),
         ("groups", _fmt(n["groups"], "d")),
+        ("sampling bias", f"trained - generated: length {_fmt(n.get('bias_len_gap'), '+.2f')} tokens, reward "
+                          f"{_fmt(n.get('bias_difficulty_gap'), '+.3f')}; lag {_fmt(n.get('bias_lag_mean'), '.2f')}; "
+                          f"never trained {_fmt(n.get('bias_untrained_share'), '.3f')} (bias.md)"),
         ("curve", n["curve_png"]),
         ("TensorBoard", f"tensorboard --logdir {n['tensorboard_dir']}"),
     ]
@@ -179,6 +185,7 @@ def write_report(run_dir: str | Path, summary: dict) -> dict:
     stdout line (one JSON object). Returns the numbers."""
     run_dir = Path(run_dir)
     numbers, rewards, evals = report_numbers(run_dir, summary)
+    numbers["bias_md"] = write_bias(run_dir, summary)
     plot_curve(numbers["curve_png"], rewards, evals, title=run_dir.name)
     print_table(numbers)
     (run_dir / "summary.json").write_text(json.dumps({**summary, **numbers}, indent=2))

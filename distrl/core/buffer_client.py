@@ -94,6 +94,8 @@ class BufferApi:
     sender: str
     get_resend_s: float = GET_RESEND_S  # GET holds stay below half of it
     last_get_held_s: float = 0.0  # how long the buffer held the GET that got the last batch
+    # the last BATCH's sampling-bias view (generated, trained, cells) for --bias_correction; None: none sent
+    last_bias: tuple[list[int], list[int], dict[str, int]] | None = None
 
     def _request(self, msg_type: MsgType, body: pa.Table | None = None, retries: int | None = None,
                  resend_s: float | None = None, limit_s: float | None = None,
@@ -192,6 +194,8 @@ class BufferApi:
             self._expect(header, MsgType.BATCH, MsgType.WAIT)
             if header.type is MsgType.BATCH:
                 self.last_get_held_s = header.held_ms / 1e3
+                self.last_bias = (None if header.bias_cells is wire.UNSET else  # an older buffer sends none
+                                  (header.bias_generated, header.bias_trained, header.bias_cells))
                 return body if body is not None else COMPLETION_SCHEMA.empty_table()
             now = time.monotonic()
             have = header.reason or f"{header.fresh_groups} of {header.batch_size} fresh groups"

@@ -174,13 +174,19 @@ class Ack(Message, frozen=True, tag="ACK"):
 
 class Batch(Message, frozen=True, tag="BATCH"):
     """Reply to GET; the body is the rank's shard (``rows`` completions). ``held_ms``: how long the buffer
-    held the GET (``wait_s``) before the batch could be made."""
+    held the GET (``wait_s``) before the batch could be made. The sampling-bias monitor's view
+    (:mod:`distrl.buffer.bias`), for ``--bias_correction``: ``bias_generated`` and ``bias_trained``, groups per
+    (length, difficulty) cell generated and trained so far; ``bias_cells``, the cell of each group of this
+    rank's shard, by ``group_id`` (all three absent from an older buffer)."""
 
     learner_version: Count
     rank: Count
     world_size: Count
     rows: Count
     held_ms: Annotated[float, Meta(ge=0.0)] = 0.0
+    bias_generated: list[Count] | UnsetType = UNSET
+    bias_trained: list[Count] | UnsetType = UNSET
+    bias_cells: dict[str, Count] | UnsetType = UNSET
 
 
 class Wait(Message, frozen=True, tag="WAIT"):

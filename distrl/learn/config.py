@@ -140,6 +140,11 @@ class LearnOptions:
     """Correction for data sampled by an older policy mu: `none` (GRPO's ratio is against mu), `tis`
     (truncated importance sampling: weight min(pi/mu, --is_cap)), `decoupled` (AReaL: ratio against the
     learner's weights at consumption, behavior weight truncated at --is_cap). See distrl/learn/offpolicy.py."""
+    bias_correction: Literal["none", "reweight"] = "none"
+    """Correction for the sampling bias of asynchrony (slow, long, hard groups evicted or left untrained):
+    `none`, or `reweight` (each trained group's loss weighted by generated share / trained share of its
+    (length, difficulty) cell, clipped to [0.2, 5], mean 1 over the batch; Shimodaira 2000). See
+    distrl/learn/reweight.py and the buffer's monitor, distrl/buffer/bias.py."""
     is_cap: float = 2.0
     """C, >= 1: importance weights pi/mu are truncated at C by `tis` and `decoupled`."""
     is_level: Literal["token", "sequence"] = "token"
@@ -249,6 +254,8 @@ class LearnOptions:
             raise ValueError(f"--kl_coef must be >= 0, got {self.kl_coef}")
         self.off_policy_config()  # the correction's own checks (--off_policy, --is_*)
         self.staleness_band()  # --staleness_*
+        if self.bias_correction not in ("none", "reweight"):
+            raise ValueError(f"--bias_correction must be none or reweight, got {self.bias_correction!r}")
 
     def staleness_band(self) -> StalenessBand:
         """The adaptive staleness bound's band (distrl/learn/staleness.py); raises ValueError naming the flag."""

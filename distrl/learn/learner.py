@@ -26,6 +26,10 @@ and are not counted by the normalizers (:meth:`Learner.in_loss`); their rewards 
 version's reward. After the last version rank 0 exports ``<run_dir>/final/`` (``--export_final``,
 ``distrl.learn.model.export_final``).
 
+With ``--bias_correction reweight`` each row's advantage is multiplied by its group's weight
+(:meth:`Learner.bias_weights`, :mod:`distrl.learn.reweight`: the buffer's generated / trained shares of the group's
+(length, difficulty) cell, sent with the BATCH), which weights the policy loss toward the generated mix.
+
 Works under Ray (``distrl.cmd.roles.LearnerRole`` creates the process group) and under torchrun
 (:func:`init_distributed_from_env`, re-exported here from ``distrl.learn.distributed``).
 """
@@ -67,11 +71,20 @@ from distrl.learn.model import (
 )
 from distrl.learn.optim import build_optimizer
 from distrl.learn.quarantine import LearnerAttestation
+from distrl.learn.reweight import normalise, row_weights
 from distrl.learn.staleness import SIGNALS, StalenessController
 from distrl.learn.step_stats import History, combine
 from distrl.learn.tensor_metrics import to_floats
 
 __all__ = ["Learner", "init_distributed_from_env", "loss_config"]
+
+
+def _buffer_client(address: str, rank: int, shared: SharedOptions) -> BufferApi:
+    """The ZeroMQ client of learner ``rank`` to the buffer at ``address`` (CURVE keys from ``shared``)."""
+    from distrl.core.buffer_client import BufferClient
+
+    return BufferClient(address, f"learner{rank}", timeout_s=60.0, curve_server_key=shared.buffer_curve_server_key,
+                        curve_client_key=shared.buffer_curve_client_key)
 log = logging.getLogger("distrl.learner")
 
 
@@ -142,13 +155,7 @@ class Learner:
         self.pad_id = self.model.config.pad_token_id or 0
         # a callable ``buffer_address`` is called only now, once the model is loaded and warmed up
         self.buffer_address = buffer_address() if callable(buffer_address) else buffer_address
-        if client is None:
-            from distrl.core.buffer_client import BufferClient
-
-            client = BufferClient(self.buffer_address, f"learner{rank}", timeout_s=60.0,
-                                  curve_server_key=shared.buffer_curve_server_key,
-                                  curve_client_key=shared.buffer_curve_client_key)
-        self.client = client
+        self.client = client if client is not None else _buffer_client(self.buffer_address, rank, shared)
         self.publisher = publisher  # rank 0: a distrl.weights Publisher (any transport); its builder closes it
         self.run_dir = None if run_dir is None else Path(run_dir)  # checkpoints go to <run_dir>/ckpt/
         self.metrics = Metrics(tb_dir)
@@ -206,8 +213,9 @@ class Learner:
 
     # ---- one version -------------------------------------------------------------------------
 
-    def prepare(self, table: pa.Table) -> tuple[Normalizer, np.ndarray, dict]:
-        """All-reduced batch totals -> (normalizer, this rank's advantages (b,) float64, totals)."""
+    def prepare(self, table: pa.Table, weights: np.ndarray | None = None) -> tuple[Normalizer, np.ndarray, dict]:
+        """All-reduced batch totals -> (normalizer, this rank's advantages (b,) float64, totals); ``weights`` (b,)
+        > 0 (``--bias_correction``, :meth:`bias_weights`) multiply the advantages: the weighted policy loss."""
         loss = self.in_loss(table)  # --truncation mask: truncated completions get no loss
         advantages = table.column("advantage").to_numpy().astype(np.float64)
         rewards = table.column("reward").to_numpy().astype(np.float64).tolist()
@@ -224,7 +232,20 @@ class Learner:
         norm_tokens = float(self.learn.loss_norm_tokens or self.shared.max_new_tokens)
         aggregation = aggregation_in_effect(self.shared.learner, self.learn.loss_aggregation)
         norm = Normalizer(aggregation, n_tok, n_seq, norm_tokens)
+        if weights is not None:
+            advantages = advantages * weights
         return norm, advantages, totals
+
+    def bias_weights(self, table: pa.Table) -> np.ndarray | None:
+        """``--bias_correction reweight``: (b,) weights of this shard's rows from the buffer's histograms sent
+        with the batch, mean 1 over the version's batch (all ranks; :mod:`distrl.learn.reweight`); else None."""
+        if self.learn.bias_correction != "reweight":
+            return None
+        ids = table.column("group_id").to_pylist()
+        bias = self.client.last_bias
+        raw = np.ones(len(ids)) if bias is None else row_weights(ids, *bias)
+        total, count = all_reduce_sum([float(raw.sum()), len(ids)], self.world_size)
+        return normalise(raw, total, int(count))
 
     def in_loss(self, table: pa.Table) -> np.ndarray:
         """(b,) bool: which completion rows get a loss: with ``--truncation mask`` (DAPO's overlong
@@ -251,10 +272,10 @@ class Learner:
             parts.append(self._forward_backward(mb, norm))
         return to_floats(parts)  # the step's one wait for the device
 
-    def train_step(self, table: pa.Table) -> dict:
-        """One optimizer step of this rank on its shard (a COMPLETION_SCHEMA table); returns metrics of the
-        version's batch."""
-        norm, advantages, totals = self.prepare(table)
+    def train_step(self, table: pa.Table, weights: np.ndarray | None = None) -> dict:
+        """One optimizer step of this rank on its shard (a COMPLETION_SCHEMA table; ``weights``: see
+        :meth:`prepare`); returns metrics of the version's batch."""
+        norm, advantages, totals = self.prepare(table, weights)
         lr = self.optimizer.param_groups[0]["lr"]
         parts, grad_norm = [], 0.0
         if totals["signal"]:
@@ -279,6 +300,9 @@ class Learner:
                       "learner/advantage_abs_mean": sum(np.abs(advantages).tolist()) / max(len(advantages), 1)})
         if self.baseline is not None:
             stats["learner/baseline"] = self.baseline.value
+        if weights is not None and len(weights):
+            stats.update({"learner/bias_weight_min": float(weights.min()),
+                          "learner/bias_weight_max": float(weights.max())})
         return stats
 
     @property
@@ -332,7 +356,7 @@ class Learner:
             if self.attest is not None:  # groups whose weight stamp does not match are not trained on
                 table = self.attest.check(table, self.version)
             t1 = time.perf_counter()
-            stats = self.train_step(table)
+            stats = self.train_step(table, self.bias_weights(table))
             stats["learner/max_staleness"] = self.max_staleness  # the bound this version's batch was selected under
             self._next_bound(stats)
             tokens += stats["tokens"]

@@ -30,6 +30,7 @@ REQUIRED = {
     "startup.json": ["startup_s_hf_cold"],
     "adaptive_staleness.json": ["auto_vs_0_speed", "auto_vs_ceiling_speed", "auto_reward_gap", "runs"],
     "demo_tools.json": ["tool_gain_heldout", "tool_minus_notool", "runs"],  # make demo-tools (bench/demo_tools.py)
+    "bias_correction.json": ["slice_acc_reweight", "slice_acc_none"],  # and its list of runs, "runs"
 }
 
 
@@ -74,3 +75,13 @@ def test_merge_keeps_every_key_and_extends_each_history(tmp_path):
     assert (out["speed_runs"], out["flag_runs"]) == ([5], [True])
     assert out["note"] == "second round" and "note_runs" not in out
     assert out["pair_runs"] == [1.5, 2.5]  # the run's own list of runs, not its value twice
+
+
+def test_bias_correction_reports_each_seed():
+    out = json.loads((RESULTS / "bias_correction.json").read_text())
+    runs = out["runs"]
+    assert {r["correction"] for r in runs} == {"none", "reweight"}
+    for correction in ("none", "reweight"):
+        seeds = [r["seed"] for r in runs if r["correction"] == correction]
+        assert len(seeds) == len(set(seeds)) == out["seeds"]
+    assert all(isinstance(r["slice_acc"], float) for r in runs)

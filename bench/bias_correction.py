@@ -1,0 +1,95 @@
+"""Sampling-bias correction: a slow, long-answer slice, trained with and without ``--bias_correction reweight``.
+
+The setting: the demo's tiny model (a supervised warm start on arith, then async GRPO, HF engine, CPU) on arith
+with ``+ *`` and operands <= 20, scored by ``tests/data/slow_slice_reward.py``: a completion of a ``*`` problem
+(the slice: the long answers, up to 3 digits against 2 for ``+``, and the hard ones) is scored after a
+``DISTRL_SLOW_SLICE_S`` sleep, so its groups finish late; 4 actors and ``--max_staleness 1`` let the learner move
+on without them, and the buffer evicts the late ones as stale. Each seed runs twice, ``--bias_correction none``
+and ``reweight``; the slice's held-out accuracy is the final evaluation's ``by_group["op=*"]`` (greedy,
+``--eval_size`` held-out problems, about half of them ``*``). Also recorded per run: the monitor's gaps
+(``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
+
+    nice .venv/bin/python -m bench.bias_correction                  # 3 seeds x 2 (~25 min on 2 cores)
+    .venv/bin/python -m bench.bias_correction --seeds 0 --max_steps 20 --out /tmp/bc.json
+
+Writes ``bench/results/bias_correction.json`` (merged, bench/results_file.py): ``slice_acc_reweight`` and
+``slice_acc_none`` (means over seeds), ``slice_acc_gain`` (their difference), ``reweight_ge_none`` (the mean
+with reweight >= without), ``seeds_reweight_ge_none`` (seeds where it holds) and ``runs`` (every run); the
+last stdout line is the same object as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from bench.results_file import merge
+from bench.runs import ROOT, command, train
+
+REWARD = str(ROOT / "tests" / "data" / "slow_slice_reward.py") + ":reward"
+SLICE = "op=*"  # eval.jsonl by_group key of the slice (arith group_keys: op)
+
+
+def flags(seed: int, correction: str, max_steps: int, eval_size: int) -> list[str]:
+    """The `distrl train` flags of one run (the demo's, with the slow slice)."""
+    return ["--model", "tiny", "--task", "arith", "--arith_ops", "+*", "--arith_max_operand", "20",
+            "--reward", REWARD, "--reward_timeout_s", "None",
+            "--warm_start_steps", "600", "--warm_start_until_accuracy", "0.4", "--warm_start_lr", "1e-3",
+            "--warm_start_batch_size", "128", "--finetune", "full", "--backend", "hf", "--engine", "hf",
+            "--torch_threads", "1", "--max_steps", str(max_steps), "--batch_size", "8", "--group_size", "8",
+            "--learner_chunk_size", "256", "--max_new_tokens", "5", "--learning_rate", "2e-4",
+            "--lr_schedule", "cosine", "--lr_warmup_steps", "10",
+            "--number_of_actors", "4", "--max_staleness", "1", "--eval_every", str(max_steps),
+            "--eval_size", str(eval_size), "--seed", str(seed), "--bias_correction", correction,
+            "--run_name", f"bias-{correction}-s{seed}"]
+
+
+def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path) -> dict:
+    """One run; its slice and overall held-out accuracy (first and final evaluation) and the monitor's gaps."""
+    f = flags(seed, correction, max_steps, eval_size)
+    run_dir, wall = train(f, log_dir)
+    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    first, last = evals[0], evals[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {"seed": seed, "correction": correction, "command": command(f), "wall_s": round(wall, 1),
+            "slice_acc": last["by_group"][SLICE]["accuracy"], "slice_acc_before": first["by_group"][SLICE]["accuracy"],
+            "accuracy": last["accuracy"], "accuracy_before": first["accuracy"],
+            **{k: summary.get(k) for k in ("bias_len_gap", "bias_difficulty_gap", "bias_lag_mean",
+                                           "bias_untrained_share")}}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max_steps", type=int, default=60)
+    parser.add_argument("--eval_size", type=int, default=256)
+    parser.add_argument("--slow_s", type=float, default=0.3, help="DISTRL_SLOW_SLICE_S: seconds per slice completion")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
+    args = parser.parse_args(argv)
+    os.environ["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
+    from bench import runs
+    runs.ENV["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp:
+        for seed in args.seeds:
+            for correction in ("none", "reweight"):
+                results.append(run_one(seed, correction, args.max_steps, args.eval_size, Path(tmp)))
+                print(json.dumps(results[-1]), flush=True)
+    by = {c: {r["seed"]: r["slice_acc"] for r in results if r["correction"] == c} for c in ("none", "reweight")}
+    mean_none, mean_rw = statistics.fmean(by["none"].values()), statistics.fmean(by["reweight"].values())
+    values = {"slice_acc_none": mean_none, "slice_acc_reweight": mean_rw, "slice_acc_gain": mean_rw - mean_none,
+              "reweight_ge_none": mean_rw >= mean_none,
+              "seeds_reweight_ge_none": sum(by["reweight"][s] >= by["none"][s] for s in args.seeds),
+              "seeds": len(args.seeds), "slow_s": args.slow_s, "max_steps": args.max_steps,
+              "eval_size": args.eval_size, "runs": results}
+    merge(args.out, values)
+    print(json.dumps(values), flush=True)
+    return values
+
+
+if __name__ == "__main__":
+    main()
