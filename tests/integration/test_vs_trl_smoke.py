@@ -29,13 +29,15 @@ def test_smoke_times_the_distrl_side(tmp_path):
     assert distrl["side"] == "distrl" and distrl["how"] == "exited 0" and distrl["steps"] == 2
     # 1 warm-up + 2 timed versions + the last one (it writes the final checkpoint: outside the window)
     assert "--task half_vocab" in distrl["command"] and "--max_steps 4" in distrl["command"]
-    # 2 versions x 4 prompts x 2 completions of exactly 5 tokens (the tiny model never stops early at 5)
+    # 2 versions x 4 prompts x 2 completions
     wall = distrl["wall_s"]  # rounded to 1 ms: at ~50 ms that alone moves 16 / wall by 1 %
     assert 0.999 * 16 / (wall + 5e-4) <= distrl["completions_per_s"] <= 1.001 * 16 / max(wall - 5e-4, 1e-6)
-    assert distrl["mean_completion_tokens"] == 5.0
+    # at most 5 tokens each: the random tiny model (52 ids since the calculator's < and >) may sample EOS earlier
+    assert 1.0 <= distrl["mean_completion_tokens"] <= 5.0
     # nothing is compiled on CPU: no recompile (TORCH_LOGS=recompiles is read from the side's logs)
     assert distrl["recompiles_after_warmup"] == 0 and distrl["recompiles"] == 0 and distrl["startup_s"] > 0
-    assert math.isclose(distrl["tokens_per_s"], 5 * distrl["completions_per_s"], rel_tol=0.01)
+    assert math.isclose(distrl["tokens_per_s"], distrl["mean_completion_tokens"] * distrl["completions_per_s"],
+                        rel_tol=0.01)
     phases = distrl["startup_phases_s"]  # summary.json's startup (distrl.core.startup)
     assert 0 < phases["learner_model_load"] < phases["launch_to_first_version"] <= distrl["startup_s"] + 5
     if importlib.util.find_spec("triton") is None:
