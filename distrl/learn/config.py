@@ -196,7 +196,7 @@ class LearnOptions:
     --number_of_actors 0."""
     attest_tolerance: Optional[float] = None
     """Largest |engine - learner| canary logprob, nats/token, for a group's weight stamp to match (unset:
-    1e-4 for float32 on CPU, 0.05 for bf16 or CUDA; derived in distrl/weights/attest.py)."""
+    1e-4 for float32 on CPU, 0.15 for bf16 or CUDA; derived in distrl/weights/attest.py)."""
     attest_max_bad_versions: int = 3
     """Stop the run with an error when groups were quarantined (their actor served other weights than its
     stamp claims) at this many consecutive policy versions; 0: never stop, only quarantine."""

@@ -31,17 +31,20 @@ learner did not compute (before a resume) are counted as ``learner/unattested_gr
   i.e. 1e-6 .. 1e-5 on logits of magnitude 10 for d up to 10^4, through every layer; a logprob moves by
   at most 2 max|dlogit|. Measured on the tiny model: HF engine vs learner 0.0, vLLM-CPU vs HF 8.5e-8.
   1e-4 leaves a margin of 10x over the bound and 1000x over the measurement.
-- bf16 on either side (or CUDA, where the learner's fp32 head uses TF32): :data:`TOLERANCE_BF16` = 0.05.
+- bf16 on either side (or CUDA, where the learner's fp32 head uses TF32): :data:`TOLERANCE_BF16` = 0.15.
   bf16 keeps 8 significant bits (unit roundoff u = 2^-9 = 0.002); every layer's activations are rounded
   once per op, so a logit after L layers carries a relative error of order ``u * sqrt(L * ops)`` ~ 1-2 %
   (24-30 layers, about 6 rounded ops each), i.e. 0.1-0.2 nats on a logit of magnitude 10. A logprob
   ``z_t - logsumexp(z)`` cancels part of that common error, and the mean over 31 tokens averages the
   rest. Measured (CPU, SmolLM2-135M, 30 layers, the same weights in bf16 and in fp32): canary 1.75e-2
   apart (per token |Δ logprob| mean 5.4e-2, max 0.19). Two bf16 implementations round the same bf16
-  weights, so they differ by about as much, not more than twice as much: 0.05 is 3x the measured gap.
-  ``--attest_tolerance`` sets another value. The price: one AdamW step at lr 1e-6 moved the same model's
-  canary by 3.3e-3, so in bf16 serving v-1 for v goes unseen; weights stuck at one version are caught
-  once the learner's canary has drifted 0.05 from theirs.
+  weights, so they differ by about as much at the start. The gap grows as RL sharpens the model (larger
+  activations, the same relative rounding): on one H100, SmolLM2 in bf16 with full fine-tuning at lr 2e-5,
+  honest actors (every payload's digest verified) drifted to 0.054 from the learner's canary after 130-410
+  versions, past an earlier tolerance of 0.05, which stopped 3 of 4 runs with WrongWeightsError. 0.15 is about
+  3x that largest honest gap. ``--attest_tolerance`` sets another value. The price: one AdamW step at lr 1e-6
+  moved the same model's canary by 3.3e-3, so in bf16 serving v-1 for v goes unseen; weights stuck at one
+  version are caught once the learner's canary has drifted 0.15 from theirs (at lr 2e-5 within a few versions).
 
 One optimizer step moves the canary by much more than these: the test measures it on the tiny model
 (tests/integration/test_attest.py prints the numbers).
@@ -64,7 +67,7 @@ CANARY_LENGTH = 32  # tokens; the mean is over the 31 predicted ones
 CANARY_SEED = 0x5EED_CA9A
 CANARY_VOCAB = 256  # ids are drawn below min(vocab_size, 256): valid in every tokenizer of at least that size
 TOLERANCE_FP32 = 1e-4  # nats/token (module docstring)
-TOLERANCE_BF16 = 0.05  # nats/token (module docstring)
+TOLERANCE_BF16 = 0.15  # nats/token (module docstring)
 STAMP_FIELDS = ("served_versions", "weights_digests", "canary_logprobs")
 
 
