@@ -31,6 +31,7 @@ REQUIRED = {
     "adaptive_staleness.json": ["auto_vs_0_speed", "auto_vs_ceiling_speed", "auto_reward_gap", "runs"],
     "demo_tools.json": ["tool_gain_heldout", "tool_minus_notool", "runs"],  # make demo-tools (bench/demo_tools.py)
     "bias_correction.json": ["slice_acc_reweight", "slice_acc_none"],  # and its list of runs, "runs"
+    "multiturn.json": ["tool_gain", "turns_mean", "episodes_per_s"],  # bench/multiturn.py (GPU)
 }
 
 
