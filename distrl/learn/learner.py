@@ -78,6 +78,8 @@ from distrl.learn.tensor_metrics import to_floats
 
 __all__ = ["Learner", "init_distributed_from_env", "loss_config"]
 
+log = logging.getLogger("distrl.learner")
+
 
 def _buffer_client(address: str, rank: int, shared: SharedOptions) -> BufferApi:
     """The ZeroMQ client of learner ``rank`` to the buffer at ``address`` (CURVE keys from ``shared``)."""
@@ -85,7 +87,6 @@ def _buffer_client(address: str, rank: int, shared: SharedOptions) -> BufferApi:
 
     return BufferClient(address, f"learner{rank}", timeout_s=60.0, curve_server_key=shared.buffer_curve_server_key,
                         curve_client_key=shared.buffer_curve_client_key)
-log = logging.getLogger("distrl.learner")
 
 
 def loss_config(learn: LearnOptions, shared: SharedOptions) -> LossConfig:
