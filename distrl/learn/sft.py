@@ -106,6 +106,14 @@ def segments_batch(examples: list[list[tuple[list[int], bool]]], pad: int) -> tu
     return ids, mask, labels
 
 
+def _next_batch(task, tok, batch: list, transcript, pad: int):
+    """``(input_ids, attention_mask, labels)`` of ``batch``'s problems: their transcripts' segments, or (None)
+    the task's prompt then its gold answer and EOS (:func:`sft_batch`)."""
+    if transcript is None:
+        return sft_batch(tok, [task.prompt(p, tok) for p in batch], [p.gold for p in batch])
+    return segments_batch([transcript(p, tok) for p in batch], pad)
+
+
 def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, learning_rate: float,
                batch_size: int, seed: int = 0, tokenizer: str | None = None, dtype: str = "float32",
                log_every: int = 50, until_accuracy: float | None = None,
@@ -152,11 +160,7 @@ def warm_start(model_dir: str | Path, out_dir: str | Path, task, *, steps: int, 
     first = last = float("nan")
     recent: list[float] = []  # exact-match fractions of the last UNTIL_WINDOW batches
     for step in range(1, steps + 1):
-        batch = [next(problems) for _ in range(batch_size)]
-        if transcript is None:
-            ids, mask, labels = sft_batch(tok, [task.prompt(p, tok) for p in batch], [p.gold for p in batch])
-        else:
-            ids, mask, labels = segments_batch([transcript(p, tok) for p in batch], pad)
+        ids, mask, labels = _next_batch(task, tok, [next(problems) for _ in range(batch_size)], transcript, pad)
         labels = labels.to(device)
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels)
         recent = (recent + [exact_match(out.logits.detach(), labels)])[-UNTIL_WINDOW:]
