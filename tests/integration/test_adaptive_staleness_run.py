@@ -17,7 +17,7 @@ def test_auto_bound_moves_and_is_never_exceeded(tmp_path: Path):
     run(distrl("--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4",
                "--max_new_tokens", "8", "--learning_rate", "1e-3", "--learner_chunk_size", "1",
                "--max_staleness", "auto:2", "--staleness_patience", "1", "--off_policy", "decoupled",
-               "--torch_threads", "1", "--max_steps", str(VERSIONS), "--run_name", "auto"), tmp_path)
+               "--torch_threads", "1", "--engine", "hf", "--max_steps", str(VERSIONS), "--run_name", "auto"), tmp_path)
     run_dir = tmp_path / "auto"
     bounds = scalars(run_dir, "learner0", "learner/max_staleness")  # step v + 1: the bound of version v's batch
     assert sorted(bounds) == list(range(1, VERSIONS + 1))

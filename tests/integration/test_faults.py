@@ -238,8 +238,8 @@ def test_signal_stops_every_process_flushes_the_buffer_and_says_so(tmp_path, sig
 
 def test_frozen_learner_is_reported_by_name_and_ends_the_run(tmp_path):
     run_dir, log = tmp_path / "stuck_learner", tmp_path / "driver.out"
-    proc = start(["train", *TINY, "--max_steps", "500", "--heartbeat_timeout_s", "10", "--run_name", run_dir.name,
-                  "--log_dir", str(tmp_path)], log)
+    proc = start(["train", *TINY, "--engine", "hf", "--max_steps", "500", "--heartbeat_timeout_s", "10",
+                  "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
     try:
         wait_until(lambda: learner_version(run_dir) >= 1, 300, "learner version 1", proc, log)
         frozen = role(run_dir, "learner0")

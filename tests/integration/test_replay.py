@@ -24,7 +24,7 @@ def source_run(tmp_path_factory) -> Path:
     log_dir = tmp_path_factory.mktemp("replay")
     proc = subprocess.run([sys.executable, "-m", "distrl", "train", "--model", "tiny", "--task", "half_vocab",
                            "--max_steps", "4", "--batch_size", "4", "--group_size", "4", "--max_new_tokens", "8",
-                           "--log_dir", str(log_dir), "--run_name", "src"],
+                           "--engine", "hf", "--log_dir", str(log_dir), "--run_name", "src"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return log_dir / "src"
