@@ -164,9 +164,8 @@ def make_task(workload: str, dataset: str | None):
 
 def write_data(args, work: Path, model_dir: str) -> tuple[Path, int]:
     """verl's train.parquet (and a one-row val.parquet it requires): the problems TRL's side takes (stream seed 1),
-    each as its chat messages, with its pickled problem for the reward; returns (directory, longest prompt)."""
-    import base64
-    import pickle
+    each as its chat messages, with its problem (JSON) for the reward; returns (directory, longest prompt)."""
+    import dataclasses
 
     import pandas as pd
     from transformers import AutoTokenizer
@@ -185,7 +184,7 @@ def write_data(args, work: Path, model_dir: str) -> tuple[Path, int]:
         rows.append({"data_source": f"distrl_{spec['name']}", "prompt": messages, "ability": spec["name"],
                      "reward_model": {"style": "rule", "ground_truth": ""},
                      "extra_info": {"index": i, "task": json.dumps(spec),
-                                    "problem": base64.b64encode(pickle.dumps(p)).decode()}})
+                                    "problem": json.dumps(dataclasses.asdict(p))}})
     out = work / "data"
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(out / "train.parquet")

@@ -1,15 +1,13 @@
 """verl's custom reward function for bench/vs_peer.py: distrl's own task reward on the same problems.
 
 verl calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` per completion; each row of the
-parquet files bench/vs_peer.py writes carries its distrl problem (pickled, base64) in ``extra_info["problem"]`` and
+parquet files bench/vs_peer.py writes carries its distrl problem (JSON fields) in ``extra_info["problem"]`` and
 the task's settings in ``extra_info["task"]`` (JSON), so the reward is distrl's ``Task.reward``, exactly.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import pickle
 
 _TASKS: dict[str, object] = {}
 
@@ -29,5 +27,7 @@ def task_of(spec: str):
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw) -> float:
-    problem = pickle.loads(base64.b64decode(extra_info["problem"]))
+    from distrl.rollout.rewards import Problem
+
+    problem = Problem(**json.loads(extra_info["problem"]))
     return float(task_of(extra_info["task"]).reward(solution_str, [], problem)[0])
