@@ -15,6 +15,8 @@ reward and stayed there (every one of the last 5 versions below it).
 
     .venv/bin/python -m bench.adaptive_staleness                  # the recorded experiment
     .venv/bin/python -m bench.adaptive_staleness --seeds 0 --max_steps 12 --no_divergence --out /tmp/a.json
+    .venv/bin/python -m bench.adaptive_staleness --divergence_lr 3e-2 --divergence_bounds 4 auto:4 0 \
+        --divergence_reward bench/rewards/even_target.py:reward      # a reward whose collapsed policies score low
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--divergence_lr", default="1e-2", help="learning rate of the divergence setting")
     parser.add_argument("--divergence_flags", nargs="*", default=["--finetune", "full"],
                         help="more flags of the divergence setting (its correction is --off_policy none)")
+    parser.add_argument("--divergence_reward", default=None,
+                        help="--reward of the divergence setting (e.g. bench/rewards/even_target.py:reward)")
     parser.add_argument("--divergence_seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--divergence_bounds", nargs="+", default=["4", "auto:4"])
     parser.add_argument("--no_divergence", action="store_true")
@@ -123,12 +127,13 @@ def main(argv: list[str] | None = None) -> None:
                                     "decoupled"))
         divergence = None
         if not args.no_divergence:
+            flags = args.divergence_flags + (["--reward", args.divergence_reward] if args.divergence_reward else [])
             divergence = {"learning_rate": args.divergence_lr, "off_policy": "none", "seeds": args.divergence_seeds,
-                          "flags": args.divergence_flags}
+                          "flags": flags}
             for seed in args.divergence_seeds:
                 for bound in args.divergence_bounds:
                     runs.append(run_one(bound, seed, args, Path(log_dir), "divergence", args.divergence_lr, "none",
-                                        tuple(args.divergence_flags)))
+                                        tuple(flags)))
     out = results(runs, args.seeds, divergence)
     out.update(machine=f"{os.cpu_count()}-core CPU VM ({platform.processor() or platform.machine()})",
                total_s=round(time.time() - start), per_run=runs)

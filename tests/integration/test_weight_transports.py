@@ -76,9 +76,9 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
 @pytest.mark.parametrize("transport,engine", [("nccl", "hf"), ("shm", "vllm")])
 def test_full_weights_as_tensors_are_on_policy(tmp_path, transport, engine):
     """--finetune full, max_staleness 0, weights broadcast (`nccl`: gloo on CPU) into the HF engine or copied
-    through /dev/shm (`shm`) into vLLM (either engine takes either transport's tensors): what the actors recorded at version v equals the learner's logprobs at version v, so the weights
-    they received are exactly the learner's; nothing goes through the weight directory, and `shm`'s slots are
-    removed when the run ends."""
+    through /dev/shm (`shm`) into vLLM (either engine takes either transport's tensors): what the actors recorded
+    at version v equals the learner's logprobs at version v, so the weights they received are exactly the
+    learner's; nothing goes through the weight directory, and `shm`'s slots are removed when the run ends."""
     run_dir = tmp_path / transport
     # only this run's slots (make test runs other files' runs beside this one under pytest-xdist): the names
     # start with a hash of the run's weight directory (distrl.weights.shm.SharedMemoryPublisher)
@@ -86,7 +86,8 @@ def test_full_weights_as_tensors_are_on_policy(tmp_path, transport, engine):
     assert not list(Path("/dev/shm").glob(ours))
     run(distrl("--model", "tiny", "--task", "half_vocab", "--finetune", "full", "--weights_transport", transport,
                "--number_of_actors", "2", "--max_staleness", "0", "--max_steps", "4", "--batch_size", "4",
-               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--engine", engine, "--run_name", transport),
+               "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "1e-4", "--engine", engine,
+               "--run_name", transport),
         tmp_path)
     check_run(run_dir, versions=4, max_staleness=0, actors=2)
     mismatch = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
