@@ -77,7 +77,8 @@ class TrainOptions:
     was asked and what the cluster has."""
     host: str = "127.0.0.1"
     """Address the buffer and weight endpoints bind to when every role runs on the driver's node (loopback
-    unless you need other hosts); when `distrl train`'s roles span Ray nodes, each binds on its node's address."""
+    unless you need other hosts; IPv4 or a host name: an IPv6 address is refused); when `distrl train`'s roles span
+    Ray nodes, each binds on its node's address."""
     auth: bool = True
     """`distrl train`: when a role binds off loopback (roles on several nodes, or a --host that is not loopback),
     the buffer and weight endpoints are CURVE-authenticated and encrypted with keys the driver makes for the run
@@ -104,6 +105,9 @@ class TrainOptions:
             raise ValueError(f"--heartbeat_timeout_s must be >= 0 (0: no watchdog), got {self.heartbeat_timeout_s}")
         if self.max_actor_restarts < 0:
             raise ValueError(f"--max_actor_restarts must be >= 0, got {self.max_actor_restarts}")
+        if ":" in self.host or not self.host.strip():
+            raise ValueError(f"--host must be an IPv4 address or a host name (IPv6 is not supported), got "
+                             f"{self.host!r}")
         for role in ("actor", "learner", "buffer"):
             ray_resources(getattr(self, f"{role}_resources"), f"--{role}_resources")
 

@@ -138,3 +138,19 @@ def test_group_of_one_is_allowed_with_a_baseline_that_is_not_the_group(kwargs):
     for cls in (TrainConfig, LearnConfig):
         assert cls(**kwargs).group_size == kwargs["group_size"]
     assert RolloutConfig(group_size=1).group_size == 1  # an actor alone has no loss to judge
+
+
+def test_an_ipv6_host_is_refused_by_name(tmp_path):
+    """The buffer and weight endpoints bind to tcp://HOST:PORT over IPv4: an IPv6 --host exits 2 naming the flag,
+    before anything starts (it used to fail deep in the run's start-up)."""
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match="--host must be an IPv4 address or a host name"):
+        TrainConfig(host="::1")
+    done = subprocess.run([sys.executable, "-m", "distrl", "train", "--host", "::1", "--log_dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    message = " ".join(" ".join(line.strip(" │") for line in done.stderr.splitlines()).split())
+    assert done.returncode == 2, done.stderr
+    assert "--host must be an IPv4 address or a host name (IPv6 is not supported), got '::1'" in message
+    assert list(tmp_path.iterdir()) == []
