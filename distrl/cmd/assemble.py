@@ -29,17 +29,17 @@ LOOPBACK_ANY_PORT = "tcp://127.0.0.1:0"
 
 
 def resolve_model(model: str, run_dir: str | Path, seed: int | None = None) -> str:
-    """The model a role loads for ``--model``: ``tiny`` is ``<run_dir>/model``, built there from ``seed``
-    (:func:`distrl.core.tiny.build_tiny_model`; an existing build is reused); with ``seed`` None the path
-    only, built or not (a finished run's). Anything else (a directory, a hub id) is returned as given."""
+    """The model a role loads for ``--model``: ``tiny`` is ``<run_dir>/model``, put there from ``seed``
+    (:func:`distrl.core.tiny.tiny_model`: a copy of distrl's cached build; an existing one is reused); with ``seed``
+    None the path only, built or not (a finished run's). Anything else (a directory, a hub id) is returned as given."""
     if model != "tiny":
         return model
     directory = Path(run_dir) / "model"
     if seed is None:
         return str(directory)
-    from distrl.core.tiny import build_tiny_model
+    from distrl.core.tiny import tiny_model
 
-    return str(build_tiny_model(directory, seed=seed))
+    return str(tiny_model(directory, seed=seed))
 
 
 def learner_sections(cfg) -> tuple:

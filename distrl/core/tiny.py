@@ -9,6 +9,7 @@ like any hub model.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -51,12 +52,12 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
             the Qwen2.5 tokenizer: the model's vocabulary then has its size (151,669 for Qwen2.5).
     Returns the directory.
     """
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
     directory = Path(directory)
     if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
         return directory
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
     tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
     tokenizer = build_tokenizer() if tokenizer is None else AutoTokenizer.from_pretrained(str(tokenizer))
     if tokenizer.pad_token_id is None:
@@ -74,6 +75,36 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
     try:
         tmp.rename(directory)
     except OSError:  # another process built it first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def tiny_model(directory: str | Path, seed: int = 0) -> Path:
+    """``build_tiny_model(directory, seed)`` with the character tokenizer, copied from distrl's cache.
+
+    The build imports transformers' model classes (about 2 s of CPU); the copy does not. The cached build lives under
+    ``<distrl cache>/tiny/`` (distrl.core.probe.cache_dir), keyed by the seed, this file and the torch and
+    transformers versions, so a changed architecture, tokenizer or library never reuses an old build; where the
+    cache cannot be written the model is built in ``directory`` directly. Returns ``directory``.
+    """
+    from importlib.metadata import version
+
+    from distrl.core.probe import cache_dir
+
+    directory = Path(directory)
+    if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
+        return directory
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    key.update(f"{version('torch')} {version('transformers')}".encode())
+    try:
+        cached = build_tiny_model(cache_dir() / "tiny" / f"seed{seed}-{key.hexdigest()[:16]}", seed=seed)
+    except OSError:
+        return build_tiny_model(directory, seed=seed)
+    tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
+    shutil.copytree(cached, tmp)
+    try:
+        tmp.rename(directory)
+    except OSError:  # another process put it there first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
 
