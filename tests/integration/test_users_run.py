@@ -109,13 +109,14 @@ def test_final_model_is_exported_and_loads(run_dir):
 
 def test_reward_timeouts_are_counted_and_said(tmp_path):
     """Issue 40: a --reward that runs past --reward_timeout_s scored 0 with nothing in the console, TensorBoard or
-    summary.json. `stalls` sleeps a minute on every non-empty completion, through the actor's real worker pool."""
+    summary.json. `stalls` sleeps a minute on every non-empty completion, through the actor's real worker pool (the
+    HF engine: the rule is the actor's, whichever engine generates; vLLM's start-up only cost CPU here)."""
     import json
 
-    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--backend", "hf", "--run_name", "stalls",
-            "--max_steps", "2", "--batch_size", "2", "--group_size", "2", "--max_new_tokens", "4",
-            "--reward", f"{REWARDS}:stalls", "--reward_timeout_s", "0.5", "--reward_workers", "2",
-            "--no_console", "--log_dir", str(tmp_path)]
+    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--backend", "hf", "--engine", "hf",
+            "--run_name", "stalls", "--max_steps", "2", "--batch_size", "2", "--group_size", "2",
+            "--max_new_tokens", "4", "--reward", f"{REWARDS}:stalls", "--reward_timeout_s", "0.5",
+            "--reward_workers", "2", "--no_console", "--log_dir", str(tmp_path)]
     proc = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     run_dir = tmp_path / "stalls"
