@@ -53,7 +53,7 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
     Returns the directory.
     """
     directory = Path(directory)
-    if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
+    if _built(directory):
         return directory
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -72,11 +72,7 @@ def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "distrl_tiny.json").write_text(json.dumps({"seed": seed, **TINY_ARCH}))
-    try:
-        tmp.rename(directory)
-    except OSError:  # another process built it first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return directory
+    return _move_into_place(tmp, directory)
 
 
 def tiny_model(directory: str | Path, seed: int = 0) -> Path:
@@ -92,7 +88,7 @@ def tiny_model(directory: str | Path, seed: int = 0) -> Path:
     from distrl.core.probe import cache_dir
 
     directory = Path(directory)
-    if (directory / "config.json").exists() and (directory / "tokenizer.json").exists():
+    if _built(directory):
         return directory
     key = hashlib.sha256(Path(__file__).read_bytes())
     key.update(f"{version('torch')} {version('transformers')}".encode())
@@ -102,9 +98,18 @@ def tiny_model(directory: str | Path, seed: int = 0) -> Path:
         return build_tiny_model(directory, seed=seed)
     tmp = directory.with_name(f"{directory.name}.tmp{os.getpid()}")
     shutil.copytree(cached, tmp)
+    return _move_into_place(tmp, directory)
+
+
+def _built(directory: Path) -> bool:
+    return (directory / "config.json").exists() and (directory / "tokenizer.json").exists()
+
+
+def _move_into_place(tmp: Path, directory: Path) -> Path:
+    """Rename the finished `tmp` to `directory`; where another process put one there first, keep theirs."""
     try:
         tmp.rename(directory)
-    except OSError:  # another process put it there first: keep theirs
+    except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
     return directory
 

@@ -32,11 +32,13 @@ def ray4(tmp_path_factory):
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers inherit it, as distrl train's local cluster does
     temp = Path("/tmp") / f"ray-placement-{os.getpid()}"  # short: Ray's socket paths must fit 107 bytes
-    ray.init(num_gpus=4, num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20, _temp_dir=str(temp))
-    yield ray
-    ray.shutdown()
+    with pytest.MonkeyPatch.context() as env:  # the workers inherit it, as distrl train's local cluster does
+        env.setenv("TOKENIZERS_PARALLELISM", "false")
+        ray.init(num_gpus=4, num_cpus=2, include_dashboard=False, object_store_memory=128 * 2**20,
+                 _temp_dir=str(temp))
+        yield ray
+        ray.shutdown()
 
 
 def _probe_class(ray):
