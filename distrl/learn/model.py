@@ -53,10 +53,6 @@ def load_policy(model: str, dtype: str, lora_rank: int = 16, lora_alpha: int = 3
                          f"{backend!r}")
     if load_in_4bit and (finetune != "lora" or backend == "hf"):
         raise ValueError("--load_in_4bit (QLoRA) needs --finetune lora and --backend unsloth")
-    if load_in_4bit and not torch.cuda.is_available():
-        raise RuntimeError("--load_in_4bit needs an NVIDIA GPU (4-bit QLoRA runs bitsandbytes kernels through "
-                           "Unsloth); this machine has no CUDA device: drop --load_in_4bit to train LoRA in "
-                           "--dtype float32/bfloat16")
     targets = list(target_modules or LORA_TARGETS)
     torch_dtype = resolve_dtype(dtype)
     torch.manual_seed(seed)
@@ -73,9 +69,14 @@ def settle_backend(backend: str, load_in_4bit: bool = False) -> str:
 
     ``auto`` without 4-bit falls back to ``hf`` with a warning naming why. Raises RuntimeError, with the probe's
     reason, when an explicit ``unsloth`` or 4-bit QLoRA (which needs it) is unusable here: importing it in this
-    process could kill it (SIGILL, no except catches that)."""
+    process could kill it (SIGILL, no except catches that); for 4-bit on a machine without CUDA, whatever the
+    probe would say."""
     if backend == "hf":
         return "hf"
+    if load_in_4bit and not torch.cuda.is_available():  # before the probe: no GPU is the first thing to fix
+        raise RuntimeError("--load_in_4bit needs an NVIDIA GPU (4-bit QLoRA runs bitsandbytes kernels through "
+                           "Unsloth); this machine has no CUDA device: drop --load_in_4bit to train LoRA in "
+                           "--dtype float32/bfloat16")
     failed = next((p for p in map(probe, backend_stacks(load_in_4bit)) if not p.ok), None)
     if failed is None:
         return "unsloth"
