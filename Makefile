@@ -52,9 +52,12 @@ demo-tools: setup
 # so two side by side took 93 s where one after the other took 126 s. --dist loadfile: a file's tests run on one
 # worker, so a module-scoped run (test_users_run.py's, test_replay.py's) is made once, and tests of one file that
 # use one fixed port run one after another. (--dist loadgroup's xdist_group marks do not group under pytest 9.2:
-# xdist renames item._nodeid, which pytest 9's nodeid no longer reads.) --durations: the slowest, in every CI log.
+# xdist renames item._nodeid, which pytest 9's nodeid no longer reads.) --no-loadscope-reorder: files in the order
+# tests/conftest.py sorts them (the longest first), not xdist's (the most tests first). --durations: the slowest,
+# in every CI log.
 test: setup
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -m "not slow and not gpu" -q -n 2 --dist loadfile --durations=25
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -m "not slow and not gpu" -q -n 2 --dist loadfile \
+		--no-loadscope-reorder --durations=25
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -166,8 +166,13 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
         checkpoints: write checkpoints and the final export (replay writes neither).
         keep_weights: published versions kept under ``weights/`` (None: the staleness ceiling + 4; a replay that
             evaluates every version keeps them all).
-    Raises what a part raises, after closing the parts opened before it.
+    Leaves the quantization libraries out of this process when nothing in it loads quantized weights
+    (distrl.core.quant_libs). Raises what a part raises, after closing the parts opened before it.
     """
+    from distrl.core.quant_libs import skip_quantization_libraries
+
+    if skip_quantization_libraries(model_dir, unsloth=cfg.backend != "hf", load_in_4bit=cfg.load_in_4bit):
+        log.info("learner%d: bitsandbytes and torchao left out (unquantized model, --backend hf)", rank)
     from distrl.learn.learner import Learner
     from distrl.weights import PublishOptions, transport
     from distrl.weights.base import endpoint_host
@@ -231,9 +236,14 @@ def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Pa
     distrl.rollout.actor.ActorEndpoints), writing ``tb/actor<id>/``
     and its weight cache under ``run_dir``; ``rejoin``: it ran in this run before (restarted after a crash).
 
-    Sets the CPU engine environment first (:func:`use_cpu_engine_env`). Raises what RolloutActor raises.
+    Sets the CPU engine environment first (:func:`use_cpu_engine_env`) and leaves the quantization libraries out of
+    this process for an unquantized model (distrl.core.quant_libs). Raises what RolloutActor raises.
     """
     use_cpu_engine_env(actor_id)
+    from distrl.core.quant_libs import skip_quantization_libraries
+
+    if skip_quantization_libraries(model_dir):
+        log.info("actor%d: bitsandbytes and torchao left out (unquantized model)", actor_id)
     from distrl.cmd.faults import inject_faults
     from distrl.rollout.actor import RolloutActor
 
