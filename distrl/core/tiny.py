@@ -23,23 +23,41 @@ TINY_ARCH = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, nu
                  num_key_value_heads=2, max_position_embeddings=4096)  # GSM8K/MATH-500 prompts fit
 
 
-def build_tokenizer():
-    """A character-level `PreTrainedTokenizerFast`: one token per character, eos `<eos>`, pad `<pad>`.
-
-    It is a byte-level BPE without merges (space is the byte-level symbol `Ġ`), because transformers 5
-    loads any `qwen2` model's tokenizer as a byte-level BPE from its vocabulary: built this way, the
-    tokenizer encodes the same in vLLM, transformers and Unsloth.
-    """
+def _core_tokenizer():
+    """The character-level `tokenizers.Tokenizer`: a byte-level BPE without merges (space is the byte-level symbol
+    `Ġ`), because transformers 5 loads any `qwen2` model's tokenizer as a byte-level BPE from its vocabulary: built
+    this way, the tokenizer encodes the same in vLLM, transformers and Unsloth. No post-processor: no token is
+    added to an encoded text."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     symbols = [c if c != " " else "\u0120" for c in CHARS]  # 'Ġ' is the byte-level form of a space
     vocab = {tok: i for i, tok in enumerate(SPECIALS + symbols)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<eos>", pad_token="<pad>",
+    return core
+
+
+def build_tokenizer():
+    """A character-level `PreTrainedTokenizerFast`: one token per character, eos `<eos>`, pad `<pad>`."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=_core_tokenizer(), eos_token="<eos>", pad_token="<pad>",
                                    unk_token="<unk>", model_max_length=TINY_ARCH["max_position_embeddings"])
+
+
+class PromptEncoder:
+    """The tiny model's tokenizer as a prompt-length check uses one, without transformers (whose import, torch
+    included, cost a driver about 3 s of CPU): ``encoder(text)["input_ids"]`` equals :func:`build_tokenizer`'s,
+    and there is no chat template. Nothing else of a transformers tokenizer is here."""
+
+    chat_template = None
+
+    def __init__(self) -> None:
+        self._core = _core_tokenizer()
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        return {"input_ids": self._core.encode(text).ids}
 
 
 def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path | None = None) -> Path:

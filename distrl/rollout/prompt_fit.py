@@ -130,14 +130,14 @@ def measure(task, problems: Sequence, tokenizer, limit: int | None, policy: str 
 
 def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int | None]:
     """The tokenizer the engines use (`tokenizer`, else the model's; `tiny`: the embedded character
-    tokenizer) and the model's ``max_position_embeddings`` (None when its config does not say), without
-    loading any weights."""
+    tokenizer, as a :class:`distrl.core.tiny.PromptEncoder`, which is all :func:`measure` calls) and the model's
+    ``max_position_embeddings`` (None when its config does not say), without loading any weights."""
     if model == "tiny":
-        from distrl.core.tiny import TINY_ARCH, build_tokenizer
+        from distrl.core.tiny import TINY_ARCH, PromptEncoder
 
         model_max = TINY_ARCH["max_position_embeddings"]
         if tokenizer is None:
-            return build_tokenizer(), model_max
+            return PromptEncoder(), model_max
     else:
         from transformers import AutoConfig
 

@@ -139,10 +139,12 @@ def test_learner_hears_a_restarted_buffer_within_get_resend_s_and_the_run_finish
     buffer = ["buffer", "--address", buf, "--batch_size", "4", "--group_size", "4", "--max_staleness", "1",
               "--prefault_bytes", "0"]
     procs = {"buffer": start([*buffer, "--run_dir", str(run_dir)], tmp_path / "buffer.out")}
-    procs["learner"] = start(["learn", *TINY, *common, "--max_steps", "8", "--log_dir", str(learner_dir.parent),
-                              "--weights_pub_bind", pub, "--weights_endpoint_bind", endpoint], tmp_path / "learner.out")
-    procs["actor"] = start(["rollout", *TINY_ACTOR, "--engine", "hf", *common, "--log_dir", str(actor_dir.parent),
-                            "--weights_pub", pub, "--weights_endpoint", endpoint], tmp_path / "actor.out")
+    procs["learner"] = start(["learn", *TINY, *common, "--max_steps", "8", "--torch_threads", "1", "--log_dir",
+                              str(learner_dir.parent), "--weights_pub_bind", pub, "--weights_endpoint_bind", endpoint],
+                             tmp_path / "learner.out")
+    procs["actor"] = start(["rollout", *TINY_ACTOR, "--engine", "hf", "--torch_threads", "1", *common, "--log_dir",
+                            str(actor_dir.parent), "--weights_pub", pub, "--weights_endpoint", endpoint],
+                           tmp_path / "actor.out")
     try:
         wait_until(lambda: learner_version(learner_dir) >= 2, 300, "learner version 2", procs["learner"],
                    tmp_path / "learner.out")

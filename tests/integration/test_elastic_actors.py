@@ -3,13 +3,13 @@ and another leaves (SIGTERM) at version m; versions go on, the joiner's groups a
 never exceed AReaL's rule over the changing set (the buffer's counters), and the leaver's unused credits
 return at once.
 
-The run: `distrl train` with one Ray actor (actor0, vLLM) on the tiny model; actor A joins at the start
-(actor1), B (actor2) once the learners reached version k, both with `--engine hf` (a host-local flag overrides
-the run's); A gets SIGTERM once B's groups arrive, while it holds credits (mid-generation). The numbers are
-printed (`pytest -s`). `--max_staleness 128`: actor0 (vLLM) feeds the learner so fast that a joiner's groups
-(HF engine, a busy 2-core machine) would be stale by the time they arrive at a small bound (at 32, CI once saw
-B start generating at version 125, having joined at 3, and every group it PUT evicted as stale); the run then
-waits until some of B's groups were trained on before B leaves.
+The run: `distrl train` with one Ray actor (actor0) on the tiny model, every actor on the HF engine; actor A joins
+at the start (actor1), B (actor2) once the learners reached version k, both with `--torch_threads 1` (a host-local
+flag overrides the run's); A gets SIGTERM once B's groups arrive, while it holds credits (mid-generation). The
+numbers are printed (`pytest -s`). `--max_staleness 128`: actor0 may feed the learner so fast that a joiner's
+groups (a busy 2-core machine) would be stale by the time they arrive at a small bound (at 32, with actor0 on vLLM,
+CI once saw B start generating at version 125, having joined at 3, and every group it PUT evicted as stale); the
+run then waits until some of B's groups were trained on before B leaves.
 """
 
 from __future__ import annotations
@@ -45,18 +45,18 @@ def trained_rows(run_dir: Path, actor_id: int) -> int:
 def test_an_actor_joins_and_another_leaves(tmp_path):
     run_dir = tmp_path / "elastic"
     logs = {name: tmp_path / f"{name}.out" for name in ("train", "a", "b")}
-    train = start(["train", *TINY, "--max_steps", "2000", "--max_staleness", "128", "--no_console",
+    train = start(["train", *TINY, "--engine", "hf", "--max_steps", "2000", "--max_staleness", "128", "--no_console",
                    "--run_name", run_dir.name, "--log_dir", str(tmp_path)], logs["train"])
     procs = {"train": train}
     try:
         wait_until(lambda: (run_dir / "join.json").exists(), 180, "the join file", train, logs["train"])
         assert (run_dir / "join.json").stat().st_mode & 0o777 == 0o600
         address = json.loads((run_dir / "join.json").read_text())["config"]["buffer_address"]
-        procs["a"] = start(["rollout", "--join", str(run_dir), "--engine", "hf"], logs["a"])
+        procs["a"] = start(["rollout", "--join", str(run_dir), "--torch_threads", "1"], logs["a"])
         a_id = wait_until(lambda: joined_id(logs["a"]), 120, "A to join", procs["a"], logs["a"])
         wait_until(lambda: learner_version(run_dir) >= K, 180, f"version {K}", train, logs["train"])
         k = learner_version(run_dir)
-        procs["b"] = start(["rollout", "--join", str(run_dir / "join.json"), "--engine", "hf"], logs["b"])
+        procs["b"] = start(["rollout", "--join", str(run_dir / "join.json"), "--torch_threads", "1"], logs["b"])
         with BufferClient(address, "test", timeout_s=10) as client:
             b_id = wait_until(lambda: joined_id(logs["b"]), 120, "B to join", procs["b"], logs["b"])
             wait_until(lambda: client.acked_groups(b_id) > 0, 120, "B's first group", procs["b"], logs["b"])
@@ -88,7 +88,8 @@ def test_an_actor_joins_and_another_leaves(tmp_path):
           f"{end['credit_excess_max']}; B's completions {len(b_rows)}, trained {len(b_trained)}, first policy "
           f"version {min(r['policy_version'] for r in b_rows)}")
     assert a_id != b_id and a_id >= 1 and b_id >= 1  # fresh ids, above the launcher's actor0
-    assert json.loads((run_dir / f"config.actor{b_id}.json").read_text())["engine"] == "hf"
+    assert json.loads((run_dir / f"config.actor{b_id}.json").read_text())["torch_threads"] == 1  # host-local
+    assert json.loads((run_dir / "config.json").read_text())["torch_threads"] is None
     assert left["left"] >= 1 and f"actor{a_id}" not in left["owed"]
     assert returned >= 1 and left["credits_returned_on_leave"] >= returned  # A's LEAVE gave its credits back
     assert end["learner_version"] >= m + MORE  # versions went on without A

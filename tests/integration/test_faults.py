@@ -125,7 +125,10 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     # batch_size groups, 12 at version 1. 10 versions need 40, so the restarted actor has groups left to make
     # even when the learner gets several versions further before the kill lands (at 5 versions it once had
     # none: the learner was at version 3 and the killed actor had made all 20).
-    proc = start(["train", *TINY, "--max_steps", "10", "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
+    # The HF engine: the restart is Ray's and the rejoin the buffer's, whatever the engine (a vLLM-CPU actor started
+    # twice cost ~30 s of make test's CPU); vLLM through the stack: test_policy_improvement_half_vocab, the SIGINT run.
+    proc = start(["train", *TINY, "--engine", "hf", "--torch_threads", "1", "--max_steps", "10", "--run_name",
+                  run_dir.name, "--log_dir", str(tmp_path)], log)
     try:
         wait_until(lambda: learner_version(run_dir) >= 1, 300, "learner version 1", proc, log)
         victim = role(run_dir, "actor0")["pid"]
@@ -238,7 +241,8 @@ def test_signal_stops_every_process_flushes_the_buffer_and_says_so(tmp_path, sig
 
 def test_frozen_learner_is_reported_by_name_and_ends_the_run(tmp_path):
     run_dir, log = tmp_path / "stuck_learner", tmp_path / "driver.out"
-    proc = start(["train", *TINY, "--engine", "hf", "--max_steps", "500", "--heartbeat_timeout_s", "10",
+    proc = start(["train", *TINY, "--engine", "hf", "--torch_threads", "1", "--max_steps", "500",
+                  "--heartbeat_timeout_s", "10",
                   "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
     try:
         wait_until(lambda: learner_version(run_dir) >= 1, 300, "learner version 1", proc, log)

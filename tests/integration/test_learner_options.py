@@ -16,7 +16,8 @@ def test_dr_grpo_tis_kl_two_learners(tmp_path):
              "--group_size", "4", "--max_new_tokens", "12", "--max_steps", "3", "--max_staleness", "1",
              "--learner", "dr_grpo", "--off_policy", "tis", "--is_level", "sequence", "--is_cap", "2",
              "--is_mask_high", "5", "--kl_coef", "0.05", "--kl_estimator", "k2", "--lr_schedule", "cosine",
-             "--lr_warmup_steps", "1", "--learning_rate", "1e-3", "--engine", "hf", "--run_name", "options"]
+             "--lr_warmup_steps", "1", "--learning_rate", "1e-3", "--engine", "hf", "--torch_threads", "1",
+             "--run_name", "options"]
     run_dir, _ = train(flags, tmp_path, timeout_s=600)
     assert summary(run_dir)["versions"] == 3
     for rank in (0, 1):

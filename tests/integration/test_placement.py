@@ -120,8 +120,8 @@ def test_split_3_1_end_to_end(ray4, tmp_path):
     """The real roles on the 4-GPU cluster: each reports the GPU id Ray gave it; 2 versions train."""
     from distrl.cmd.trainer import train
 
-    cfg = TrainConfig(gpu_split="3:1", model="tiny", task="half_vocab", engine="hf", max_steps=2, batch_size=3,
-                      group_size=2, max_new_tokens=8, log_dir=str(tmp_path), run_name="split31")
+    cfg = TrainConfig(gpu_split="3:1", model="tiny", task="half_vocab", engine="hf", torch_threads=1, max_steps=2,
+                      batch_size=3, group_size=2, max_new_tokens=8, log_dir=str(tmp_path), run_name="split31")
     summary = train(cfg)
     assert summary["versions"] == 2
     ids = summary["gpu_ids"]

@@ -31,8 +31,9 @@ MESSAGE = ("200 groups in a row had equal rewards and were dropped by --filter_z
 
 
 def train(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--engine", "hf", "--max_steps", "2",
-            "--group_size", "4", "--max_new_tokens", "8", "--no_console", "--log_dir", str(tmp_path / "runs"), *flags]
+    args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--engine", "hf", "--torch_threads", "1",
+            "--max_steps", "2", "--group_size", "4", "--max_new_tokens", "8", "--no_console", "--log_dir",
+            str(tmp_path / "runs"), *flags]
     return subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
 
 

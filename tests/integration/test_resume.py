@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from distrl.buffer.segments import groups_by_actor, read_segments
 from tests.integration.test_train import check_run, distrl, run, scalars
 
-FLAGS = ["--model", "tiny", "--task", "half_vocab", "--engine", "hf", "--max_staleness", "0", "--batch_size", "4",
-         "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "3e-3", "--checkpoint_every", "1"]
+FLAGS = ["--model", "tiny", "--task", "half_vocab", "--engine", "hf", "--torch_threads", "1", "--max_staleness", "0",
+         "--batch_size", "4", "--group_size", "4", "--max_new_tokens", "8", "--learning_rate", "3e-3",
+         "--checkpoint_every", "1"]
 
 
 def adapter(run_dir, version: int) -> dict[str, torch.Tensor]:

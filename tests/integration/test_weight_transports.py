@@ -36,7 +36,8 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
     steps = 4
     common = ["--model", "tiny", "--task", "half_vocab", "--batch_size", "4", "--group_size", "4", "--max_new_tokens",
               "8", "--number_of_actors", "2", "--run_name", "xhost", "--weights_transport", "zmq"]
-    learner_only = ["--max_steps", str(steps), "--learning_rate", "1e-3", "--max_staleness", "0"]
+    learner_only = ["--max_steps", str(steps), "--learning_rate", "1e-3", "--max_staleness", "0",
+                    "--torch_threads", "1"]
     dirs = {name: tmp_path / name for name in ("buffer", "learner", "actor0", "actor1")}
     for d in dirs.values():
         d.mkdir()
@@ -51,7 +52,8 @@ def test_separate_launchers_without_shared_filesystem(tmp_path):
     for i in range(2):
         procs[f"actor{i}"] = subprocess.Popen(
             cli + ["rollout", *common, "--actor_id", str(i), "--buffer_address", buf, "--weights_pub", pub,
-                   "--weights_endpoint", endpoint], cwd=dirs[f"actor{i}"], env=env)
+                   "--weights_endpoint", endpoint, "--engine", "hf", "--torch_threads", "1"],
+            cwd=dirs[f"actor{i}"], env=env)
     try:
         for name in ("learner", "actor0", "actor1"):
             assert procs[name].wait(timeout=420) == 0, name

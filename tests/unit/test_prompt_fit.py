@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 import pytest
 
 from distrl.core.errors import PreflightError
@@ -97,3 +99,21 @@ def test_check_prompt_lengths_per_policy(qwen_tiny):
     with pytest.raises(PreflightError, match="--max_new_tokens: 8 leaves no room"):
         check_prompt_lengths(cfg(max_model_len=8))
     assert check_prompt_lengths(cfg(max_model_len=832, long_prompts="error")).long == 0
+
+
+def test_the_tiny_models_prompt_encoder_encodes_as_its_tokenizer():
+    """`--model tiny`'s preflight measures with distrl.core.tiny.PromptEncoder (no transformers import): the same ids
+    as the model's transformers tokenizer, for arith prompts, GSM8K questions (characters outside the vocabulary
+    included) and the empty text; no chat template."""
+    from distrl.core.tiny import PromptEncoder, build_tokenizer
+    from distrl.rollout.prompt_fit import load_tokenizer
+
+    encoder, model_max = load_tokenizer("tiny")
+    assert isinstance(encoder, PromptEncoder) and encoder.chat_template is None and model_max == 4096
+    tokenizer = build_tokenizer()
+    arith = load_task("arith", None, seed=0)
+    gsm8k = load_task("gsm8k", str(shared_data() / "gsm8k" / "train.jsonl"), seed=0)
+    texts = [arith.prompt(p, encoder) for p in islice(arith.problems(0), 20)]
+    texts += [gsm8k.prompt(gsm8k.to_problem(gsm8k.rows[i], i), encoder) for i in range(20)] + ["", "é ü 😀 <calc>"]
+    assert [encoder(t)["input_ids"] for t in texts] == [tokenizer(t)["input_ids"] for t in texts]
+    assert len(encoder("1+2=")["input_ids"]) == 4
