@@ -16,7 +16,7 @@ from tests.helpers import shared_data
 LONGEST_FIRST = ("test_faults", "test_weight_transports", "test_train", "test_placement", "test_elastic_actors",
                  "test_multinode", "test_continuous", "test_eval", "test_engines", "test_replay", "test_resume",
                  "test_old_run_dir", "test_users_run", "test_attest", "test_long_prompts", "test_buffer_faults",
-                 "test_terminal")
+                 "test_terminal", "test_learner_compile", "test_demo_tools")  # the last two: unit, long fixtures
 
 
 def _file_rank(item: pytest.Item) -> tuple[int, int]:
