@@ -74,6 +74,15 @@ def set_torch_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def leave_out_quantization_libraries(name: str, model_dir: str, **uses) -> None:
+    """distrl.core.quant_libs.skip_quantization_libraries for role ``name`` (``uses``: its ``unsloth`` and
+    ``load_in_4bit``), logged when it left them out."""
+    from distrl.core.quant_libs import skip_quantization_libraries
+
+    if skip_quantization_libraries(model_dir, **uses):
+        log.info("%s: bitsandbytes and torchao left out (unquantized model, no Unsloth, no 4-bit)", name)
+
+
 def cuda_available() -> bool:
     import torch
 
@@ -169,10 +178,8 @@ def build_learner(cfg, rank: int, world: int, run_dir: str | Path, model_dir: st
     Leaves the quantization libraries out of this process when nothing in it loads quantized weights
     (distrl.core.quant_libs). Raises what a part raises, after closing the parts opened before it.
     """
-    from distrl.core.quant_libs import skip_quantization_libraries
-
-    if skip_quantization_libraries(model_dir, unsloth=cfg.backend != "hf", load_in_4bit=cfg.load_in_4bit):
-        log.info("learner%d: bitsandbytes and torchao left out (unquantized model, --backend hf)", rank)
+    leave_out_quantization_libraries(f"learner{rank}", model_dir, unsloth=cfg.backend != "hf",
+                                     load_in_4bit=cfg.load_in_4bit)
     from distrl.learn.learner import Learner
     from distrl.weights import PublishOptions, transport
     from distrl.weights.base import endpoint_host
@@ -240,10 +247,7 @@ def build_actor(cfg, actor_id: int, endpoints, model_dir: str, run_dir: str | Pa
     this process for an unquantized model (distrl.core.quant_libs). Raises what RolloutActor raises.
     """
     use_cpu_engine_env(actor_id)
-    from distrl.core.quant_libs import skip_quantization_libraries
-
-    if skip_quantization_libraries(model_dir):
-        log.info("actor%d: bitsandbytes and torchao left out (unquantized model)", actor_id)
+    leave_out_quantization_libraries(f"actor{actor_id}", model_dir)
     from distrl.cmd.faults import inject_faults
     from distrl.rollout.actor import RolloutActor
 
