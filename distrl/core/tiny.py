@@ -46,18 +46,12 @@ def build_tokenizer():
                                    unk_token="<unk>", model_max_length=TINY_ARCH["max_position_embeddings"])
 
 
-class PromptEncoder:
-    """The tiny model's tokenizer as a prompt-length check uses one, without transformers (whose import, torch
-    included, cost a driver about 3 s of CPU): ``encoder(text)["input_ids"]`` equals :func:`build_tokenizer`'s,
-    and there is no chat template. Nothing else of a transformers tokenizer is here."""
+def prompt_encoder():
+    """The tiny tokenizer as a prompt-length check uses one (:class:`distrl.core.prompt_encoder.PromptEncoder`,
+    no transformers import): the same ids as :func:`build_tokenizer`'s, and no chat template."""
+    from distrl.core.prompt_encoder import PromptEncoder
 
-    chat_template = None
-
-    def __init__(self) -> None:
-        self._core = _core_tokenizer()
-
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": self._core.encode(text).ids}
+    return PromptEncoder(_core_tokenizer())
 
 
 def build_tiny_model(directory: str | Path, seed: int = 0, tokenizer: str | Path | None = None) -> Path:

@@ -22,8 +22,10 @@ model's ``max_position_embeddings``; no limit when neither is known). ``--long_p
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from distrl.core.errors import PreflightError
@@ -129,25 +131,42 @@ def measure(task, problems: Sequence, tokenizer, limit: int | None, policy: str 
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int | None]:
-    """The tokenizer the engines use (`tokenizer`, else the model's; `tiny`: the embedded character
-    tokenizer, as a :class:`distrl.core.tiny.PromptEncoder`, which is all :func:`measure` calls) and the model's
-    ``max_position_embeddings`` (None when its config does not say), without loading any weights."""
+    """The tokenizer the engines use (`tokenizer`, else the model's) and the model's ``max_position_embeddings``
+    (None when its config does not say), without loading any weights. Where the files allow, the tokenizer is a
+    :class:`distrl.core.prompt_encoder.PromptEncoder` (all :func:`measure` calls; the driver then imports neither
+    transformers' tokenizers nor torch); else transformers' ``AutoTokenizer``."""
+    from distrl.core.prompt_encoder import PromptEncoder
+
     if model == "tiny":
-        from distrl.core.tiny import TINY_ARCH, PromptEncoder
+        from distrl.core.tiny import TINY_ARCH, prompt_encoder
 
         model_max = TINY_ARCH["max_position_embeddings"]
         if tokenizer is None:
-            return PromptEncoder(), model_max
+            return prompt_encoder(), model_max
     else:
-        from transformers import AutoConfig
-
-        try:
-            model_max = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
-        except (OSError, ValueError):  # e.g. a GGUF file: no limit known here (preflight checks the path)
-            model_max = None
+        model_max = _max_position_embeddings(Path(model))
+    source = tokenizer or model
+    encoder = PromptEncoder.from_dir(source) if Path(source).is_dir() else None
+    if encoder is not None:
+        return encoder, model_max
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer or model), model_max
+    return AutoTokenizer.from_pretrained(source), model_max
+
+
+def _max_position_embeddings(model: Path) -> int | None:
+    """``max_position_embeddings`` of a model directory's config.json (or its ``text_config``'s); else, for a hub
+    id, transformers' ``AutoConfig``; None when unknown (e.g. a GGUF file: preflight checks the path)."""
+    if model.is_dir():
+        path = model / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        return config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
+    from transformers import AutoConfig
+
+    try:
+        return getattr(AutoConfig.from_pretrained(str(model)), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)

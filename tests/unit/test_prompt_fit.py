@@ -102,10 +102,11 @@ def test_check_prompt_lengths_per_policy(qwen_tiny):
 
 
 def test_the_tiny_models_prompt_encoder_encodes_as_its_tokenizer():
-    """`--model tiny`'s preflight measures with distrl.core.tiny.PromptEncoder (no transformers import): the same ids
+    """`--model tiny`'s preflight measures with a PromptEncoder (no transformers import): the same ids
     as the model's transformers tokenizer, for arith prompts, GSM8K questions (characters outside the vocabulary
     included) and the empty text; no chat template."""
-    from distrl.core.tiny import PromptEncoder, build_tokenizer
+    from distrl.core.prompt_encoder import PromptEncoder
+    from distrl.core.tiny import build_tokenizer
     from distrl.rollout.prompt_fit import load_tokenizer
 
     encoder, model_max = load_tokenizer("tiny")
@@ -117,3 +118,50 @@ def test_the_tiny_models_prompt_encoder_encodes_as_its_tokenizer():
     texts += [gsm8k.prompt(gsm8k.to_problem(gsm8k.rows[i], i), encoder) for i in range(20)] + ["", "é ü 😀 <calc>"]
     assert [encoder(t)["input_ids"] for t in texts] == [tokenizer(t)["input_ids"] for t in texts]
     assert len(encoder("1+2=")["input_ids"]) == 4
+
+
+def test_a_saved_tokenizers_prompt_encoder_renders_and_encodes_as_transformers(qwen_tiny, math500, tmp_path):
+    """A model directory with tokenizer.json (the Qwen2.5 tokenizer as save_pretrained writes it): the preflight's
+    PromptEncoder renders the chat template to the same text and encodes it to the same ids as the transformers
+    tokenizer, on every MATH-500 prompt and 100 GSM8K prompts; where the files cannot reproduce the tokenizer
+    (no tokenizer.json; a config adding a BOS token) preflight takes transformers' tokenizer instead."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from distrl.core.prompt_encoder import PromptEncoder
+    from distrl.rollout.prompt_fit import load_tokenizer
+
+    encoder, model_max = load_tokenizer(str(qwen_tiny))
+    assert isinstance(encoder, PromptEncoder) and encoder.chat_template and model_max == 4096
+    assert encoder.special_tokens["eos_token"] == "<|im_end|>"
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tiny))
+    task, problems = math500
+    gsm8k = load_task("gsm8k", str(shared_data() / "gsm8k" / "train.jsonl"), seed=0)
+    pairs = [(task, p) for p in problems] + [(gsm8k, gsm8k.to_problem(gsm8k.rows[i], i)) for i in range(100)]
+    for t, problem in pairs:
+        text = t.prompt(problem, encoder)
+        assert text == t.prompt(problem, tokenizer) and "<|im_start|>assistant" in text
+        assert encoder(text)["input_ids"] == tokenizer(text)["input_ids"], problem.prompt_id
+    assert isinstance(load_tokenizer(str(QWEN))[0], type(tokenizer))  # vocab.json + merges.txt only
+    bos = tmp_path / "bos"
+    shutil.copytree(qwen_tiny, bos)
+    config = json.loads((bos / "tokenizer_config.json").read_text())
+    (bos / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    assert PromptEncoder.from_dir(bos) is None
+
+
+def test_preflight_of_a_model_directory_imports_neither_torch_nor_transformers_tokenizers(qwen_tiny):
+    """The driver's prompt-length check on a model directory (what `distrl train` runs before Ray starts) imports
+    no torch: measured in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from distrl.cmd.config import TrainConfig; "
+            "from distrl.rollout.prompt_fit import PromptSource, check_prompt_lengths; "
+            f"run = TrainConfig(model={str(qwen_tiny)!r}, dataset={str(MATH500)!r}, max_new_tokens=8); "
+            "fit = check_prompt_lengths(PromptSource.of_run(run.prompt, run.generation, run.shared)); "
+            "print(fit.total, fit.longest, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["500", "824", "False"]
