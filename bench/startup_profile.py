@@ -1,0 +1,124 @@
+"""Where a rollout actor's start-up goes inside its process (issue 43): imports, engine build, warm-up.
+
+`distrl train`'s start-up marks (bench/startup.py) say that the actor spends ``role_started -> engine_ready ->
+engine_warm``; this bench opens those phases. One process per pass does what an actor does before its first
+rollout, timing each step: ``import torch`` and CUDA's start, ``import transformers``, the task and the engine
+(``make_engine``, what ``--engine ENGINE`` builds), and ``engine.warm_up()``; the engine build and the warm-up also
+under cProfile (the top functions by cumulative time). Pass 1 runs on empty compile caches, pass 2 on what pass 1
+left (distrl.core.compile_cache under ``--work``), as a warm `distrl train` does.
+
+    python -m bench.startup_profile --model SmolLM2.gguf --work /tmp/sp --out DIR      (GPU)
+
+Prints each pass's timings and profile, then one JSON object on the last line (also ``DIR/startup_profile.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_pass(model: str, engine_kind: str, top: int) -> dict:
+    """The steps of an actor's start-up in this process: seconds per step, and the profiles' top lines."""
+    import cProfile
+    import io
+    import pstats
+
+    times, profiles = {}, {}
+    t = time.perf_counter()
+
+    def step(name):
+        nonlocal t
+        now = time.perf_counter()
+        times[name] = round(now - t, 3)
+        t = now
+
+    import torch
+
+    step("import_torch")
+    torch.cuda.is_available() and torch.cuda.init()
+    step("cuda_init")
+    import transformers  # noqa: F401
+
+    from distrl.rollout.engines import make_engine
+
+    step("import_transformers_and_engines")
+    def profiled(name, fn):
+        nonlocal t
+        prof = cProfile.Profile()
+        result = prof.runcall(fn)
+        step(name)
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+        profiles[name] = text.getvalue()
+        t = time.perf_counter()  # the printing is not the next step's
+        return result
+
+    engine = profiled("make_engine", lambda: make_engine(engine_kind, model=model, seed=1))
+    profiled("warm_up", engine.warm_up)
+    return {"times_s": times, "profiles": profiles}
+
+
+def slowest_imports(stderr: str, top: int) -> str:
+    """The `top` slowest top-level imports of a ``-X importtime`` log (cumulative microseconds, package)."""
+    rows = []
+    for line in stderr.splitlines():
+        parts = line.split("|")
+        if line.startswith("import time:") and len(parts) == 3 and parts[1].strip().isdigit():
+            if not parts[2].startswith("  "):  # nested imports are indented further
+                rows.append((int(parts[1]), parts[2].strip()))
+    return "\n".join(f"{us:>10} {name}" for us, name in sorted(rows, reverse=True)[:top])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="GGUF file or model directory")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/startup_profile"))
+    parser.add_argument("--out", type=Path, default=Path("startup_profile_out"))
+    parser.add_argument("--passes", type=int, default=2)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(one_pass(args.model, args.engine, args.top)))
+        return
+    from distrl.core.compile_cache import use_compile_caches
+    from distrl.core.gguf import resolve_model
+
+    model = resolve_model(args.model)
+    env = {**os.environ, **use_compile_caches(args.work / "caches"), "PYTHONPROFILEIMPORTTIME": "1"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    passes = []
+    for k in range(args.passes):
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "bench.startup_profile", "--child", "--model", model,
+                               "--engine", args.engine, "--top", str(args.top)], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        imports = slowest_imports(proc.stderr, args.top)
+        if proc.returncode:
+            print(proc.stderr[-4000:])
+            raise SystemExit(f"pass {k + 1} exited {proc.returncode}")
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result["process_s"] = round(time.perf_counter() - t0, 2)
+        result["profiles"]["imports (python -X importtime, cumulative us, top-level only)"] = imports
+        passes.append(result)
+        print(f"== pass {k + 1} ({'cold' if k == 0 else 'warm'} caches): {result['times_s']}, process "
+              f"{result['process_s']} s")
+        for name, text in result["profiles"].items():
+            print(f"-- {name}\n{text}")
+    out = {"model": model, "engine": args.engine, "passes": [{k: v for k, v in p.items() if k != "profiles"}
+                                                             for p in passes]}
+    (args.out / "startup_profile.json").write_text(json.dumps({**out, "profiles": [p["profiles"] for p in passes]}))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
