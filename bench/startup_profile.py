@@ -66,6 +66,34 @@ def one_pass(model: str, engine_kind: str, top: int) -> dict:
     return {"times_s": times, "profiles": profiles}
 
 
+RAY_VARIANTS = {  # name -> (ray.init keyword arguments beyond distrl's, environment)
+    "distrl": ({}, {}),
+    "num_cpus=4": ({"num_cpus": 4}, {}),
+    "no prestart": ({}, {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}),
+}
+
+
+def ray_pass(init_kwargs: dict) -> dict:
+    """``ray.init`` as distrl starts a local cluster (plus `init_kwargs`), then three ``num_cpus=0`` actors created
+    and answering, as the buffer, learner and actor roles: seconds for each."""
+    t0 = time.perf_counter()
+    import ray
+
+    ray.init(include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False, **init_kwargs)
+    t1 = time.perf_counter()
+
+    @ray.remote(num_cpus=0)
+    class Role:
+        def pid(self):
+            return os.getpid()
+
+    roles = [Role.remote() for _ in range(3)]
+    ray.get([r.pid.remote() for r in roles])
+    t2 = time.perf_counter()
+    ray.shutdown()
+    return {"import_and_init_s": round(t1 - t0, 2), "three_actors_s": round(t2 - t1, 2)}
+
+
 def slowest_imports(stderr: str, top: int) -> str:
     """The `top` slowest top-level imports of a ``-X importtime`` log (cumulative microseconds, package)."""
     rows = []
@@ -85,8 +113,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("startup_profile_out"))
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--ray_runs", type=int, default=0, help="also time ray.init and three actors, per variant "
+                        "(RAY_VARIANTS), this many times each, alternating")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ray_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.ray_child:
+        print(json.dumps(ray_pass(RAY_VARIANTS[args.ray_child][0])))
+        return
     if args.child:
         print(json.dumps(one_pass(args.model, args.engine, args.top)))
         return
@@ -114,8 +148,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{result['process_s']} s")
         for name, text in result["profiles"].items():
             print(f"-- {name}\n{text}")
-    out = {"model": model, "engine": args.engine, "passes": [{k: v for k, v in p.items() if k != "profiles"}
-                                                             for p in passes]}
+    ray_runs = {name: [] for name in RAY_VARIANTS}
+    for _ in range(args.ray_runs):
+        for name, (_, extra) in RAY_VARIANTS.items():
+            proc = subprocess.run([sys.executable, "-m", "bench.startup_profile", "--model", "-", "--ray_child", name],
+                                  cwd=ROOT, env={**os.environ, **extra}, capture_output=True, text=True)
+            ray_runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+                                  else {"error": proc.stderr[-300:]})
+            print(f"ray {name}: {ray_runs[name][-1]}", flush=True)
+    summary = [{k: v for k, v in p.items() if k != "profiles"} for p in passes]
+    out = {"ray": ray_runs, "model": model, "engine": args.engine, "passes": summary}
     (args.out / "startup_profile.json").write_text(json.dumps({**out, "profiles": [p["profiles"] for p in passes]}))
     print(json.dumps(out))
 
