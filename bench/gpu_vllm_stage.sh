@@ -133,6 +133,9 @@ install() {  # join the pieces, unpack vllm and install the wheels under /tmp/si
     python3 -c "import tarfile; tarfile.open('pack/vllm.tar.xz').extractall('/tmp/site')" || return 1
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site pack/wheels/*.whl || return 1
+  # bytecode once, as a user's pip install leaves it: without it each role process compiled ~1,400 modules from
+  # source, every time (no .pyc was written back there: 4.5 s of an actor's start-up, BENCHMARKS.md seventeenth round)
+  python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1 || true
   touch /tmp/site/.vllm_staged
   du -sh /tmp/site
 }
