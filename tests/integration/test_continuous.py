@@ -212,8 +212,8 @@ def test_compiled_step_writes_the_kv_cache_in_place(w):
 def test_one_compilation_serves_every_state_bucket_and_temperature(w):
     """The compiled step (inductor, CPU here as on CUDA) is compiled once, with dynamic sizes: a greedy call whose
     tail shrinks to a smaller bucket (32 -> 8 slots), then a sampled call of other slots and longer rows (a new
-    state) compile nothing more. Compiled per shape, the same calls compile again (the stalls of BENCHMARKS.md's
-    fourth round)."""
+    state) compile nothing more. (Compiled per shape, the same calls compiled again: the stalls of BENCHMARKS.md's
+    fourth round; that contrast is not re-run here, it cost three more CPU compilations of the test suite's time.)"""
     from torch._dynamo.utils import counters
 
     from distrl.rollout.engines.hf.continuous import ContinuousSampler
@@ -221,25 +221,20 @@ def test_one_compilation_serves_every_state_bucket_and_temperature(w):
     e = engine(w["sharp"])
     ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
 
-    def compilations(dynamic: bool) -> list[int]:
-        torch._dynamo.reset()
-        counters.clear()
-        sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long),
-                                    torch.Generator().manual_seed(0), cuda_graphs=False, interval=4,
-                                    compile_step=True, compile_dynamic=dynamic)
-        seen = []
-        for rows, budget, temperature, slots in ((ids, [2 + (7 * i) % 39 for i in range(40)], 0.0, 32),
-                                                 (ids[:12], [70] * 12, 1.0, 12)):
-            for _ in sampler.run(rows, budget, temperature, slots=slots):
-                pass
-            seen.append(counters["stats"]["unique_graphs"])
-        assert sampler.states_made == 2
-        return seen
-
-    first, after = compilations(dynamic=True)
+    torch._dynamo.reset()
+    counters.clear()
+    sampler = ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long),
+                                torch.Generator().manual_seed(0), cuda_graphs=False, interval=4,
+                                compile_step=True, compile_dynamic=True)
+    seen = []
+    for rows, budget, temperature, slots in ((ids, [2 + (7 * i) % 39 for i in range(40)], 0.0, 32),
+                                             (ids[:12], [70] * 12, 1.0, 12)):
+        for _ in sampler.run(rows, budget, temperature, slots=slots):
+            pass
+        seen.append(counters["stats"]["unique_graphs"])
+    assert sampler.states_made == 2
+    first, after = seen
     assert first >= 1 and after == first, (first, after)
-    first, after = compilations(dynamic=False)
-    assert first >= 2 and after > first, (first, after)  # the tail's bucket, then the new state
 
 
 def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
