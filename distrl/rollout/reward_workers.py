@@ -123,8 +123,8 @@ class WorkerPool:
                     for w in self.workers:
                         if w not in busy and todo:
                             i, request = todo.pop()
+                            w.send(request)  # restarts a child killed at a timeout: not charged to this request
                             busy[w] = (i, time.monotonic() + timeout_s)
-                            w.send(request)
                     wait = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
                     fds = set(readable_fds([w.fileno() for w in busy], wait))
                     for w in [w for w in busy if w.fileno() in fds]:

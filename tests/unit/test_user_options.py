@@ -18,6 +18,7 @@ from distrl.rollout.tasks import ArithTask, Problem
 from tests.helpers import make_group, new_buffer, shared_data
 
 REWARDS = Path(__file__).with_name("user_rewards.py")
+SLOW_START = Path(__file__).with_name("slow_start_reward.py")
 PROBLEM = Problem("arith:2+3=", "2+3=", "5", {"a": 2, "b": 3, "op": "+"})
 
 
@@ -90,6 +91,19 @@ def test_timeouts_of_a_user_reward_and_of_math_verify_are_counted():
     finally:
         verifier.close()
     assert timed_out([(1.0, {"timeout": 0.0}), (0.5, {})]) == 0
+
+
+def test_a_check_after_a_timeout_gets_its_whole_limit_not_the_restart():
+    """One worker: "slow" times out and its child is killed; the next check goes to a restarted child whose start
+    (1.5 s: its import sleeps) is longer than the 1 s limit, and is answered: the limit counts from the send, after
+    the restart. Charged with the restart, it scored 0 as a timeout (as the verifier's easy check did on a loaded
+    machine in test_timeouts_of_a_user_reward_and_of_math_verify_are_counted)."""
+    reward = UserReward(f"{SLOW_START}:slow", timeout_s=1.0, workers=1)
+    try:
+        assert reward.score_many([("slow", [], PROBLEM), ("fast", [], PROBLEM)]) == [(0.0, {"timeout": 1.0}),
+                                                                                     (1.0, {})]
+    finally:
+        reward.close()
 
 
 def test_user_reward_workers_score_a_list_in_parallel_in_order():
