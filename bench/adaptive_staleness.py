@@ -139,8 +139,11 @@ def main(argv: list[str] | None = None) -> None:
                     runs.append(run_one(bound, seed, args, Path(log_dir), "divergence", args.divergence_lr, "none",
                                         tuple(flags)))
     out = results(runs, args.seeds, divergence)
+    kept = []  # the divergence setting alone (no --seeds): the file's main-comparison runs stay in per_run
+    if not args.seeds and args.out.is_file():
+        kept = [r for r in json.loads(args.out.read_text()).get("per_run", []) if r.get("setting") == "main"]
     out.update(machine=f"{os.cpu_count()}-core CPU VM ({platform.processor() or platform.machine()})",
-               total_s=round(time.time() - start), per_run=runs)
+               total_s=round(time.time() - start), per_run=kept + runs)
     merge(args.out, out, indent=1)
     print(json.dumps({k: v for k, v in out.items() if k != "per_run"}))
 
