@@ -43,13 +43,15 @@ def one_pass(model: str, engine_kind: str, top: int) -> dict:
     import torch
 
     step("import_torch")
-    torch.cuda.is_available() and torch.cuda.init()
+    if torch.cuda.is_available():
+        torch.cuda.init()
     step("cuda_init")
     import transformers  # noqa: F401
 
     from distrl.rollout.engines import make_engine
 
     step("import_transformers_and_engines")
+
     def profiled(name, fn):
         nonlocal t
         prof = cProfile.Profile()
@@ -76,10 +78,12 @@ RAY_VARIANTS = {  # name -> (ray.init keyword arguments beyond distrl's, environ
 def ray_pass(init_kwargs: dict) -> dict:
     """``ray.init`` as distrl starts a local cluster (plus `init_kwargs`), then three ``num_cpus=0`` actors created
     and answering, as the buffer, learner and actor roles: seconds for each."""
+    from distrl.cmd.trainer import LOCAL_RAY
+
     t0 = time.perf_counter()
     import ray
 
-    ray.init(include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False, **init_kwargs)
+    ray.init(**LOCAL_RAY, log_to_driver=False, **init_kwargs)
     t1 = time.perf_counter()
 
     @ray.remote(num_cpus=0)

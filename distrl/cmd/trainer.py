@@ -87,6 +87,9 @@ def _wait_all(main_refs: list, side_refs: list, actors, timeout_s: float | None 
     return ray.get(main_refs)
 
 
+LOCAL_RAY = dict(include_dashboard=False, object_store_memory=256 * 2**20)  # ray.init of a local cluster
+
+
 def _connect_ray(cfg: TrainConfig) -> bool:
     """Join --ray_address, reuse a Ray this process already started, or start a local cluster.
 
@@ -106,7 +109,7 @@ def _connect_ray(cfg: TrainConfig) -> bool:
         # worker start made the roles' processes ~2 s later to start (measured on the 2-core VM)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         os.environ.update(env)
-        ray.init(include_dashboard=False, object_store_memory=256 * 2**20, **quiet)
+        ray.init(**LOCAL_RAY, **quiet)
     else:
         ray.init(address=cfg.ray_address, runtime_env={"env_vars": env}, **quiet)
     ray_errors_to_log()
