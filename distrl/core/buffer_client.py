@@ -296,7 +296,9 @@ class BufferClient(BufferApi):
         self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
         self.get_resend_s = min(get_resend_s, timeout_s)
         self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
-        self._ctx = zmq.Context()
+        # the process's shared context: a client's own one, left unclosed in a reference cycle, blocked the
+        # garbage collector for good (its __del__ terms it while the cycle's socket, already untracked, is open)
+        self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
         self._seq = 0
         self.resends = 0
@@ -363,8 +365,7 @@ class BufferClient(BufferApi):
         return None
 
     def close(self) -> None:
-        """Close the socket (linger 0) and the context (idempotent)."""
+        """Close the socket (linger 0; idempotent). The context is the process's shared one."""
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
-            self._ctx.term()

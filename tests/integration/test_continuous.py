@@ -13,6 +13,8 @@ import torch
 from distrl.rollout.engines.hf.engine import INFLIGHT_INTERVAL, HFEngine
 from tests.helpers import scaled_model
 
+pytestmark = pytest.mark.usefixtures("no_garbage_while_tracing")
+
 PROMPTS = ["1+2=", "12*3= and then 4", "(7+5)*3 = 36, so then 2*", "9-4=", "123456789+987654321=", "8"]
 NEW = 24
 MAX_LEN = 34  # prompt + completion: rows of longer prompts get fewer new tokens (budgets 24, 18, 10, 24, 14, 24)

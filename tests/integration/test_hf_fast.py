@@ -20,6 +20,8 @@ import torch  # noqa: E402
 
 from distrl.rollout.engines.hf.engine import INFLIGHT_INTERVAL, HFEngine  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_garbage_while_tracing")
+
 NEW = 24
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs an NVIDIA GPU")])]

@@ -22,6 +22,8 @@ from distrl.weights.attest import canary_logprob
 from tests.helpers import make_group
 from tests.unit.test_packing import ADDRESS, rows_of_mixed_lengths, tiny  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.usefixtures("no_garbage_while_tracing")
+
 
 def tables() -> list[pa.Table]:
     """Micro-batches of new shapes: padded rows of two sets of lengths, rows of equal length (no padding), a
