@@ -15,8 +15,8 @@ reward and stayed there (every one of the last 5 versions below it).
 
     .venv/bin/python -m bench.adaptive_staleness                  # the recorded experiment
     .venv/bin/python -m bench.adaptive_staleness --seeds 0 --max_steps 12 --no_divergence --out /tmp/a.json
-    .venv/bin/python -m bench.adaptive_staleness --divergence_lr 3e-2 --divergence_bounds 4 auto:4 0 \
-        --divergence_reward bench/rewards/even_target.py:reward      # a reward whose collapsed policies score low
+    .venv/bin/python -m bench.adaptive_staleness --seeds --divergence_lr 5e-3   # the divergence setting alone: bounds
+                                    # 4, auto:4 and 0, seeds 0-2, bench/rewards/even_target.py (collapse scores low)
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--divergence_lr", default="1e-2", help="learning rate of the divergence setting")
     parser.add_argument("--divergence_flags", nargs="*", default=["--finetune", "full"],
                         help="more flags of the divergence setting (its correction is --off_policy none)")
-    parser.add_argument("--divergence_reward", default=None,
-                        help="--reward of the divergence setting (e.g. bench/rewards/even_target.py:reward)")
-    parser.add_argument("--divergence_seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--divergence_bounds", nargs="+", default=["4", "auto:4"])
+    parser.add_argument("--divergence_reward", default="bench/rewards/even_target.py:reward",
+                        help="--reward of the divergence setting (a reward whose collapsed policies score low)")
+    parser.add_argument("--divergence_seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--divergence_bounds", nargs="+", default=["4", "auto:4", "0"])
     parser.add_argument("--no_divergence", action="store_true")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "adaptive_staleness.json")
     args = parser.parse_args(argv)
