@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -113,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_steps", type=int, default=30)
     parser.add_argument("--torch_threads", type=int, default=1)
     parser.add_argument("--divergence_lr", default="1e-2", help="learning rate of the divergence setting")
-    parser.add_argument("--divergence_flags", nargs="*", default=["--finetune", "full"],
-                        help="more flags of the divergence setting (its correction is --off_policy none)")
+    parser.add_argument("--divergence_flags", type=shlex.split, default=["--finetune", "full"],
+                        help="more flags of the divergence setting, one string (its correction is --off_policy none)")
     parser.add_argument("--divergence_reward", default="bench/rewards/even_target.py:reward",
                         help="--reward of the divergence setting (a reward whose collapsed policies score low)")
     parser.add_argument("--divergence_seeds", type=int, nargs="+", default=[0, 1, 2])
