@@ -34,23 +34,24 @@ REWARD = str(ROOT / "tests" / "data" / "slow_slice_reward.py") + ":reward"
 SLICE = "op=*"  # eval.jsonl by_group key of the slice (arith group_keys: op)
 
 
-def flags(seed: int, correction: str, max_steps: int, eval_size: int) -> list[str]:
+def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str = "2e-4") -> list[str]:
     """The `distrl train` flags of one run (the demo's, with the slow slice)."""
     return ["--model", "tiny", "--task", "arith", "--arith_ops", "+*", "--arith_max_operand", "20",
             "--reward", REWARD, "--reward_timeout_s", "None",
             "--warm_start_steps", "600", "--warm_start_until_accuracy", "0.4", "--warm_start_lr", "1e-3",
             "--warm_start_batch_size", "128", "--finetune", "full", "--backend", "hf", "--engine", "hf",
             "--torch_threads", "1", "--max_steps", str(max_steps), "--batch_size", "8", "--group_size", "8",
-            "--learner_chunk_size", "256", "--max_new_tokens", "5", "--learning_rate", "2e-4",
+            "--learner_chunk_size", "256", "--max_new_tokens", "5", "--learning_rate", learning_rate,
             "--lr_schedule", "cosine", "--lr_warmup_steps", "10",
             "--number_of_actors", "4", "--max_staleness", "1", "--eval_every", str(max_steps),
             "--eval_size", str(eval_size), "--seed", str(seed), "--bias_correction", correction,
             "--run_name", f"bias-{correction}-s{seed}"]
 
 
-def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path) -> dict:
+def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path,
+            learning_rate: str = "2e-4") -> dict:
     """One run; its slice and overall held-out accuracy (first and final evaluation) and the monitor's gaps."""
-    f = flags(seed, correction, max_steps, eval_size)
+    f = flags(seed, correction, max_steps, eval_size, learning_rate)
     run_dir, wall = train(f, log_dir)
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
     first, last = evals[0], evals[-1]
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max_steps", type=int, default=60)
     parser.add_argument("--eval_size", type=int, default=256)
+    parser.add_argument("--learning_rate", default="2e-4", help="the RL learning rate (cosine-decayed)")
     parser.add_argument("--slow_s", type=float, default=0.3, help="DISTRL_SLOW_SLICE_S: seconds per slice completion")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp:
         for seed in args.seeds:
             for correction in ("none", "reweight"):
-                results.append(run_one(seed, correction, args.max_steps, args.eval_size, Path(tmp)))
+                results.append(run_one(seed, correction, args.max_steps, args.eval_size, Path(tmp), args.learning_rate))
                 print(json.dumps(results[-1]), flush=True)
     by = {c: {r["seed"]: r["slice_acc"] for r in results if r["correction"] == c} for c in ("none", "reweight")}
     mean_none, mean_rw = statistics.fmean(by["none"].values()), statistics.fmean(by["reweight"].values())
@@ -85,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
               "reweight_ge_none": mean_rw >= mean_none,
               "seeds_reweight_ge_none": sum(by["reweight"][s] >= by["none"][s] for s in args.seeds),
               "seeds": len(args.seeds), "slow_s": args.slow_s, "max_steps": args.max_steps,
+              "learning_rate": args.learning_rate,
               "eval_size": args.eval_size, "runs": results}
     merge(args.out, values)
     print(json.dumps(values), flush=True)
