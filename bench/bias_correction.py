@@ -34,7 +34,7 @@ REWARD = str(ROOT / "tests" / "data" / "slow_slice_reward.py") + ":reward"
 SLICE = "op=*"  # eval.jsonl by_group key of the slice (arith group_keys: op)
 
 
-def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str = "2e-4") -> list[str]:
+def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str) -> list[str]:
     """The `distrl train` flags of one run (the demo's, with the slow slice)."""
     return ["--model", "tiny", "--task", "arith", "--arith_ops", "+*", "--arith_max_operand", "20",
             "--reward", REWARD, "--reward_timeout_s", "None",
@@ -48,8 +48,7 @@ def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_r
             "--run_name", f"bias-{correction}-s{seed}"]
 
 
-def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path,
-            learning_rate: str = "2e-4") -> dict:
+def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path, learning_rate: str) -> dict:
     """One run; its slice and overall held-out accuracy (first and final evaluation) and the monitor's gaps."""
     f = flags(seed, correction, max_steps, eval_size, learning_rate)
     run_dir, wall = train(f, log_dir)

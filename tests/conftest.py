@@ -43,7 +43,6 @@ def qwen_tiny(tmp_path_factory) -> Path:
                             tokenizer=shared_data() / "tokenizers" / "qwen2.5")
 
 
-
 @pytest.fixture
 def no_garbage_while_tracing() -> None:
     """Collect what earlier tests of this process left in reference cycles before a test that runs torch.compile in

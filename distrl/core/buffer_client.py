@@ -296,9 +296,6 @@ class BufferClient(BufferApi):
         self.address, self.sender, self.timeout_s, self.retries = address, sender, timeout_s, retries
         self.get_resend_s = min(get_resend_s, timeout_s)
         self._curve = (curve_server_key, curve_client_key) if curve_server_key is not None else None
-        # the process's shared context: a client's own one, left unclosed in a reference cycle, blocked the
-        # garbage collector for good (its __del__ terms it while the cycle's socket, already untracked, is open)
-        self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
         self._seq = 0
         self.resends = 0
@@ -308,7 +305,9 @@ class BufferClient(BufferApi):
     def _open(self) -> None:
         if self._sock is not None:
             self._sock.close(linger=0)
-        self._sock = self._ctx.socket(zmq.DEALER)
+        # the process's shared context: a client's own one, left unclosed in a reference cycle, blocked the
+        # garbage collector for good (its __del__ terms it while the cycle's socket, already untracked, is open)
+        self._sock = zmq.Context.instance().socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         if self._curve is not None:
             apply_client_keys(self._sock, *self._curve)
