@@ -10,6 +10,7 @@ and ``reweight``; the slice's held-out accuracy is the final evaluation's ``by_g
 (``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
 
     nice .venv/bin/python -m bench.bias_correction                  # 3 seeds x 2 (~25 min on 2 cores)
+    python -m bench.bias_correction --set batch_size=32 --set number_of_actors=1 --parallel 6   # on 16 cores
     .venv/bin/python -m bench.bias_correction --seeds 0 --max_steps 20 --out /tmp/bc.json
 
 Writes ``bench/results/bias_correction.json`` (merged, bench/results_file.py): ``slice_acc_reweight`` and
@@ -25,6 +26,7 @@ import json
 import os
 import statistics
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.results_file import merge
@@ -34,23 +36,29 @@ REWARD = str(ROOT / "tests" / "data" / "slow_slice_reward.py") + ":reward"
 SLICE = "op=*"  # eval.jsonl by_group key of the slice (arith group_keys: op)
 
 
-def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str) -> list[str]:
-    """The `distrl train` flags of one run (the demo's, with the slow slice)."""
-    return ["--model", "tiny", "--task", "arith", "--arith_ops", "+*", "--arith_max_operand", "20",
-            "--reward", REWARD, "--reward_timeout_s", "None",
-            "--warm_start_steps", "600", "--warm_start_until_accuracy", "0.4", "--warm_start_lr", "1e-3",
-            "--warm_start_batch_size", "128", "--finetune", "full", "--backend", "hf", "--engine", "hf",
-            "--torch_threads", "1", "--max_steps", str(max_steps), "--batch_size", "8", "--group_size", "8",
-            "--learner_chunk_size", "256", "--max_new_tokens", "5", "--learning_rate", learning_rate,
-            "--lr_schedule", "cosine", "--lr_warmup_steps", "10",
-            "--number_of_actors", "4", "--max_staleness", "1", "--eval_every", str(max_steps),
-            "--eval_size", str(eval_size), "--seed", str(seed), "--bias_correction", correction,
-            "--run_name", f"bias-{correction}-s{seed}"]
+# The run's `distrl train` settings (the demo's, with the slow slice); `--set KEY=VALUE` overrides one.
+SETTINGS = {"model": "tiny", "task": "arith", "arith_ops": "+*", "arith_max_operand": "20",
+            "reward": REWARD, "reward_timeout_s": "None",
+            "warm_start_steps": "600", "warm_start_until_accuracy": "0.4", "warm_start_lr": "1e-3",
+            "warm_start_batch_size": "128", "finetune": "full", "backend": "hf", "engine": "hf",
+            "torch_threads": "1", "batch_size": "8", "group_size": "8", "learner_chunk_size": "256",
+            "max_new_tokens": "5", "lr_schedule": "cosine", "lr_warmup_steps": "10", "number_of_actors": "4",
+            "max_staleness": "1"}
 
 
-def run_one(seed: int, correction: str, max_steps: int, eval_size: int, log_dir: Path, learning_rate: str) -> dict:
-    """One run; its slice and overall held-out accuracy (first and final evaluation) and the monitor's gaps."""
-    f = flags(seed, correction, max_steps, eval_size, learning_rate)
+def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str,
+          overrides: dict[str, str] | None = None) -> list[str]:
+    """The `distrl train` flags of one run: SETTINGS with `overrides`, then the run's own."""
+    settings = {**SETTINGS, **(overrides or {}), "max_steps": str(max_steps), "learning_rate": learning_rate,
+                "eval_every": str(max_steps), "eval_size": str(eval_size), "seed": str(seed),
+                "bias_correction": correction, "run_name": f"bias-{correction}-s{seed}"}
+    return [part for key, value in settings.items() for part in (f"--{key}", value)]
+
+
+def run_one(f: list[str], log_dir: Path) -> dict:
+    """One run of flags `f`; its slice and overall held-out accuracy (first and final evaluation) and the monitor's
+    gaps."""
+    seed, correction = int(f[f.index("--seed") + 1]), f[f.index("--bias_correction") + 1]
     run_dir, wall = train(f, log_dir)
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
     first, last = evals[0], evals[-1]
@@ -69,24 +77,30 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eval_size", type=int, default=256)
     parser.add_argument("--learning_rate", default="2e-4", help="the RL learning rate (cosine-decayed)")
     parser.add_argument("--slow_s", type=float, default=0.3, help="DISTRL_SLOW_SLICE_S: seconds per slice completion")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one of SETTINGS (a `distrl train` flag without its dashes), e.g. batch_size=32")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once (each is its own `distrl train`)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
     os.environ["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
     from bench import runs
     runs.ENV["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp:
-        for seed in args.seeds:
-            for correction in ("none", "reweight"):
-                results.append(run_one(seed, correction, args.max_steps, args.eval_size, Path(tmp), args.learning_rate))
-                print(json.dumps(results[-1]), flush=True)
+    runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides)
+                  for seed in args.seeds for correction in ("none", "reweight")]
+    with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp, \
+            ThreadPoolExecutor(max_workers=args.parallel) as pool:
+        results = []
+        for result in pool.map(lambda f: run_one(f, Path(tmp)), runs_flags):
+            results.append(result)
+            print(json.dumps(result), flush=True)
     by = {c: {r["seed"]: r["slice_acc"] for r in results if r["correction"] == c} for c in ("none", "reweight")}
     mean_none, mean_rw = statistics.fmean(by["none"].values()), statistics.fmean(by["reweight"].values())
     values = {"slice_acc_none": mean_none, "slice_acc_reweight": mean_rw, "slice_acc_gain": mean_rw - mean_none,
               "reweight_ge_none": mean_rw >= mean_none,
               "seeds_reweight_ge_none": sum(by["reweight"][s] >= by["none"][s] for s in args.seeds),
               "seeds": len(args.seeds), "slow_s": args.slow_s, "max_steps": args.max_steps,
-              "learning_rate": args.learning_rate,
+              "learning_rate": args.learning_rate, "settings": {**SETTINGS, **overrides},
               "eval_size": args.eval_size, "runs": results}
     merge(args.out, values)
     print(json.dumps(values), flush=True)

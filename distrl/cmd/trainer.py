@@ -87,7 +87,9 @@ def _wait_all(main_refs: list, side_refs: list, actors, timeout_s: float | None 
     return ray.get(main_refs)
 
 
-LOCAL_RAY = dict(include_dashboard=False, object_store_memory=256 * 2**20)  # ray.init of a local cluster
+# ray.init of a local cluster. address="local": always a new one, never a cluster that RAY_ADDRESS or the last
+# `ray start`'s /tmp/ray/ray_current_cluster names (joining one is --ray_address; a stale file made ray.init fail).
+LOCAL_RAY = dict(address="local", include_dashboard=False, object_store_memory=256 * 2**20)
 
 
 def _connect_ray(cfg: TrainConfig) -> bool:

@@ -69,10 +69,10 @@ INFLIGHT = ["--inflight_update", "finish", "--max_new_tokens", "24"]
 
 # max_staleness 1 is slow: in make test, test_an_actor_serving_old_weights_is_quarantined_and_stops_the_run has an
 # honest actor 0 at max_staleness 1 (no in-flight loads) none of whose groups is quarantined, and the max_staleness 2
-# case below checks every stamp's canaries over 50 versions (calls served by one version and by several).
+# case below checks every stamp's canaries over 30 versions (calls served by one version and by several).
 @pytest.mark.parametrize("max_staleness,extra", [pytest.param(1, [], marks=pytest.mark.slow), (2, INFLIGHT)])
 def test_honest_actors_are_never_quarantined(max_staleness, extra, tmp_path):
-    versions = 50
+    versions = 30
     run(distrl(*TINY, "--number_of_actors", "2", "--max_staleness", str(max_staleness), "--max_steps",
                str(versions), "--run_name", "honest", *extra), tmp_path)
     run_dir = tmp_path / "honest"

@@ -30,14 +30,20 @@ def events(run_dir: Path, role: str) -> EventAccumulator:
     return acc
 
 
+# A shell with RAY_ADDRESS set to a cluster that is gone (left by an earlier `ray start`): `distrl train` without
+# --ray_address starts its own local cluster all the same (ray.init(address="local")); it must not try to join.
+GONE_CLUSTER = {"RAY_ADDRESS": "127.0.0.1:9"}
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
+    """The users' run, launched from a shell whose RAY_ADDRESS names a cluster that is gone (GONE_CLUSTER)."""
     log_dir = tmp_path_factory.mktemp("runs")
     args = [sys.executable, "-m", "distrl", "train", "--model", "tiny", "--run_name", "users", "--max_steps", "2",
             "--batch_size", "2", "--group_size", "4", "--max_new_tokens", "6", "--learning_rate", "1e-3",
             "--reward", f"{REWARDS}:digits", "--prompt_template", "what is {question}", "--truncation", "keep",
             "--log_samples", "2", "--engine", "hf", "--torch_threads", "1", "--log_dir", str(log_dir)]
-    proc = subprocess.run(args, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=ROOT, env=ENV | GONE_CLUSTER, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return log_dir / "users"
 

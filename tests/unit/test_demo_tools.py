@@ -20,7 +20,7 @@ from distrl.rollout.tasks import ArithTask
 
 FLAGS = dict(model="tiny", task="arith", arith_ops="*", arith_max_operand=99, env="calculator", env_max_turns=3,
              engine="hf", backend="hf", finetune="full", dtype="float32", max_new_tokens=18, batch_size=4,
-             group_size=2, max_steps=1, warm_start_steps=150, warm_start_lr=1e-3, warm_start_batch_size=64,
+             group_size=2, max_steps=1, warm_start_steps=90, warm_start_lr=2e-3, warm_start_batch_size=64,
              eval_every=10, eval_size=16, attest_weights=False, weights_transport="fs", torch_threads=1)
 
 
@@ -61,7 +61,7 @@ def test_warm_start_without_demonstrations_is_refused():
 
 @pytest.fixture(scope="module")
 def warm_started(tmp_path_factory):
-    """A tiny model warm-started for 150 steps on calculator episodes by the command's own path."""
+    """A tiny model warm-started for 90 steps (lr 2e-3) on calculator episodes by the command's own path."""
     from distrl.cmd.warm_start import warm_start_run
 
     where = tmp_path_factory.mktemp("demo_tools")

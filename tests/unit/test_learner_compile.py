@@ -47,7 +47,11 @@ def graphs_after(lrn: Learner) -> list[int]:
     return graphs + [dynamo_utils.counters["stats"]["unique_graphs"]]
 
 
-@pytest.mark.parametrize("pack_tokens, flags", [(0, {}), (24, {}), (0, {"finetune": "lora", "kl_coef": 0.1}),
+# slow: packed rows with full fine-tuning, and LoRA + KL unpacked; in make test, the two corners (unpacked full
+# fine-tuning, and packed LoRA + KL: the packed warm-up variants and the KL reference's no-gradient forward at once).
+@pytest.mark.parametrize("pack_tokens, flags", [(0, {}), pytest.param(24, {}, marks=pytest.mark.slow),
+                                                pytest.param(0, {"finetune": "lora", "kl_coef": 0.1},
+                                                             marks=pytest.mark.slow),
                                                 (24, {"finetune": "lora", "kl_coef": 0.1})])
 def test_no_recompile_after_the_warm_up(tiny, pack_tokens, flags):  # noqa: F811
     cfg = TrainConfig(model=tiny, backend="hf", dtype="float32", max_new_tokens=16, learner="grpo",
