@@ -60,7 +60,8 @@ class TrainOptions:
     that the actor is gone and the run goes on with the others (docs/faults.md)."""
     ray_address: Optional[str] = None
     """`distrl train`: address of an existing Ray cluster to join (`ray.init(address=...)`, e.g.
-    `auto` or `10.0.0.1:6379`); unset: start a local one (or use the one this process already started)."""
+    `auto` or `10.0.0.1:6379`); unset: start a local one, whatever RAY_ADDRESS says (or use the one this process
+    already started)."""
     gpus_per_actor: Optional[float] = None
     """`distrl train`: GPUs each rollout actor reserves in Ray (fractions share a GPU, e.g. 0.5). Unset:
     1 when the cluster has a GPU per role, 1/ceil(roles/GPUs) when it has fewer, 0 when it has none."""
