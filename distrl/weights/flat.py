@@ -14,15 +14,21 @@ from dataclasses import dataclass
 
 import torch
 
+CHECKSUM_CHUNK = 1 << 24  # words summed at once: CUDA widens an int16 sum's input to int64 first (8 bytes a word)
 
-def checksum(tensors: list[torch.Tensor]) -> str:
+
+def checksum(tensors: list[torch.Tensor], chunk: int = CHECKSUM_CHUNK) -> str:
     """``sum64:<n>``: the sum of every tensor's bytes read as int16 words (uint8 for 1-byte dtypes), in int64.
 
-    One device synchronization; no int64 copy of the payload is made (an integer ``sum`` accumulates in
-    int64). Tensors may be non-contiguous (they are made contiguous first).
+    One device synchronization. Each tensor is summed in pieces of ``chunk`` words: an integer ``sum`` on CUDA
+    widens its whole input to int64 first, so one piece costs at most ``8 * chunk`` bytes of temporary memory
+    (a 135M-parameter bf16 payload summed at once asked for 1 GiB, and an actor near the GPU's limit failed
+    with out-of-memory). Integer sums are exact, so the digest does not depend on ``chunk``. Tensors may be
+    non-contiguous (they are made contiguous first).
     """
-    sums = [t.detach().contiguous().view(torch.int16 if t.element_size() % 2 == 0 else torch.uint8).sum()
-            for t in tensors]
+    sums = [piece.sum() for t in tensors
+            for piece in t.detach().contiguous().reshape(-1)
+            .view(torch.int16 if t.element_size() % 2 == 0 else torch.uint8).split(chunk)]
     return f"sum64:{int(torch.stack(sums).sum()) if sums else 0}"
 
 

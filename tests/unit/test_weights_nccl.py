@@ -47,6 +47,16 @@ def test_layout_views_round_trip():
     assert checksum(buffers) != checksum([b.clone().add_(1) for b in buffers])
 
 
+def test_checksum_in_pieces_is_the_whole_sum():
+    """The digest is the int64 sum of the payload's int16 words (uint8 bytes), whatever the piece size."""
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(37, 11, generator=g), torch.randn(5, 6, generator=g).to(torch.bfloat16).t(),
+               torch.randint(0, 255, (29,), dtype=torch.uint8, generator=g), torch.tensor(3.5)]
+    whole = sum(int(t.contiguous().reshape(-1).view(torch.int16 if t.element_size() % 2 == 0 else torch.uint8)
+                    .to(torch.int64).sum()) for t in tensors)
+    assert {checksum(tensors, chunk) for chunk in (1, 7, 64, 1 << 24)} == {f"sum64:{whole}"}
+
+
 def test_two_actors_receive_each_version_bit_exact_and_refuse_a_bad_checksum():
     ctx = mp.get_context("spawn")
     port, actors = free_port(), 2
