@@ -204,6 +204,8 @@ def verl_overrides(args, model_dir: str, data: Path, prompt_len: int, work: Path
         f"data.max_response_length={args.max_new_tokens}", "data.truncation=error", "data.shuffle=False",
         f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.use_remove_padding=False",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        # verl's FSDP actor defaults to flash_attention_2, a package the GPU machine does not have
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}", "actor_rollout_ref.actor.ppo_epochs=1",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
@@ -220,6 +222,8 @@ def verl_overrides(args, model_dir: str, data: Path, prompt_len: int, work: Path
         "trainer.val_before_train=False", "trainer.test_freq=-1", f"trainer.save_freq={save}",
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=1000", "trainer.resume_mode=disable",
         f"trainer.default_local_dir={work / 'ckpt'}", "trainer.project_name=vs_peer",
+        # the v1 trainer imports TransferQueue (verl's `verl-core` extra, not staged); v0 is verl's PPO loop
+        "trainer.use_v1=False",
         f"trainer.experiment_name={args.workload}", "data.seed=1",
     ]
 
@@ -239,8 +243,8 @@ def check_overrides(overrides: list[str], config: str | Path | None = None) -> l
     cfg = yaml.safe_load(Path(config).read_text())
     missing = []
     for item in overrides:
-        node = cfg
-        for part in item.split("=", 1)[0].lstrip("+").split("."):
+        node, parts = cfg, item.split("=", 1)[0].lstrip("+").split(".")
+        for part in parts[:-1] if item.startswith("+") else parts:  # `+key`: a new key under an existing one
             if not isinstance(node, dict) or part not in node:
                 missing.append(item)
                 break
@@ -275,7 +279,12 @@ def run_verl(args, model_dir: str, work: Path, out: Path) -> dict:
         raise SystemExit(f"verl's config has no key for: {bad}")
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     steps, log = [], open(out / f"verl_{args.workload}.log", "w")
-    path = [p for p in (args.peer_site, str(ROOT), os.environ.get("PYTHONPATH")) if p]  # verl's wheels first
+    # verl patches TRL's value-head model when TRL imports; the TRL staged for bench/vs_trl.py no longer has it.
+    # A sitecustomize first on verl's path (its Ray workers' too) marks TRL absent in verl's processes only.
+    hide = work / "hide_trl"
+    hide.mkdir(parents=True, exist_ok=True)
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['trl'] = None  # bench/vs_peer.py\n")
+    path = [p for p in (str(hide), args.peer_site, str(ROOT), os.environ.get("PYTHONPATH")) if p]  # verl's first
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0", "PYTHONPATH": ":".join(path),
            "VLLM_CACHE_ROOT": str(work / "cache" / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(work / "cache" / "inductor"),
            "TRITON_CACHE_DIR": str(work / "cache" / "triton")}
