@@ -33,6 +33,7 @@ model, prompts (distrl's ``Task.prompt`` messages: system + user turn through th
   ``vs_peer_time_to_accuracy_from_launch`` = verl's launch seconds to the target over distrl's.
 
     python -m bench.vs_peer run --workload variable|arith --model SmolLM2.gguf --dataset train.jsonl --out DIR
+    python -m bench.vs_peer run ... --distrl_from DIR   (verl's side only; distrl's from an earlier run's DIR)
     python -m bench.vs_peer report DIR [DIR ...]   -> bench/results/vs_peer.json (peer, vs_peer_variable,
                                                       vs_peer_time_to_accuracy_from_launch, each with its _runs)
     python -m bench.vs_peer plan --workload arith --model DIR   (CPU: writes the parquet files, prints verl's command)
@@ -351,7 +352,11 @@ def verl_curve(side: dict, args) -> dict:
 
 
 def distrl_variable(args, out: Path) -> dict:
-    """distrl's side of the variable workload: bench.vs_trl's, with the same flags, no TRL side."""
+    """distrl's side of the variable workload: bench.vs_trl's, with the same flags, no TRL side (or, with
+    ``--distrl_from DIR``, the side an earlier run of this bench on the same machine wrote there)."""
+    if args.distrl_from:
+        path = Path(args.distrl_from) / "vs_trl" / "variable.json"
+        return json.loads(path.read_text())["sides"][0]
     cmd = [sys.executable, "-m", "bench.vs_trl", "run", "--workload", "variable", "--trl", "none", "--model",
            args.model, "--dataset", args.dataset, "--out", str(out / "vs_trl"), "--work", str(Path(args.work) / "vt"),
            "--batch_size", str(args.batch_size), "--group_size", str(args.group_size), "--max_new_tokens",
@@ -363,7 +368,10 @@ def distrl_variable(args, out: Path) -> dict:
 
 
 def distrl_arith(args, out: Path) -> dict:
-    """distrl's side on arith: bench.real_model's ``--clock launch`` distrl1 case (cold run first)."""
+    """distrl's side on arith: bench.real_model's ``--clock launch`` distrl1 case (cold run first), or the one an
+    earlier run wrote under ``--distrl_from DIR``."""
+    if args.distrl_from:
+        return json.loads((Path(args.distrl_from) / "real_model" / "distrl1.json").read_text())
     cmd = [sys.executable, "-m", "bench.real_model", "run", "--clock", "launch", "--cases", "distrl1", "--model",
            args.model, "--out", str(out / "real_model"), "--work", str(Path(args.work) / "rm"), "--minutes",
            str(args.minutes), "--max_steps", str(args.distrl_max_steps), "--eval_every", str(args.eval_every),
@@ -463,6 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="vs_peer_out")
     parser.add_argument("--work", default="/tmp/vs_peer")
     parser.add_argument("--note", default="", help="report: a line kept in the JSON")
+    parser.add_argument("--distrl_from", default=None,
+                        help="run: take distrl's side from an earlier run's --out DIR (same machine) instead of "
+                             "running it again")
     parser.add_argument("--peer_site", default=None, help="run: verl's wheels (put first on verl's PYTHONPATH only)")
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: " + ", ".join(PEERS))
     parser.add_argument("--timeout_s", type=float, default=900.0, help="one dry-run's limit")
