@@ -9,6 +9,11 @@ and ``reweight``; the slice's held-out accuracy is the final evaluation's ``by_g
 ``--eval_size`` held-out problems, about half of them ``*``). Also recorded per run: the monitor's gaps
 (``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
 
+With ``--setting tool`` the slice is slow in its tool instead of its reward (``TOOL_SETTINGS``: ``--env
+tests/data/slow_tool_env.py:SlowCalculator``, whose answers to a ``*`` problem's calls come ``--slow_s`` late,
+after a warm start on its demonstrated episodes): an actor scores each hand-back before it decodes on, so a slow
+reward holds up the whole actor, while a waiting episode lets the others go on and end first.
+
     nice .venv/bin/python -m bench.bias_correction                  # 3 seeds x 2 (~25 min on 2 cores)
     python -m bench.bias_correction --set batch_size=32 --set number_of_actors=1 --parallel 6   # on 16 cores
     .venv/bin/python -m bench.bias_correction --seeds 0 --max_steps 20 --out /tmp/bc.json
@@ -46,10 +51,23 @@ SETTINGS = {"model": "tiny", "task": "arith", "arith_ops": "+*", "arith_max_oper
             "max_staleness": "1"}
 
 
+# `--setting tool`: the slice is slow in its tool instead (tests/data/slow_tool_env.py: the calculator, whose
+# answers to a `*` problem's calls come DISTRL_SLOW_TOOL_S late), so its episodes end late while the actor's other
+# episodes go on decoding; the warm start teaches the call format on the environment's demonstrations.
+TOOL_SETTINGS = {**{k: v for k, v in SETTINGS.items() if k not in ("reward", "reward_timeout_s",
+                                                                    "warm_start_until_accuracy")},
+                 "arith_max_operand": "99",
+                 "env": str(ROOT / "tests" / "data" / "slow_tool_env.py") + ":SlowCalculator",
+                 "env_max_turns": "3", "warm_start_steps": "72", "warm_start_batch_size": "64",
+                 "max_new_tokens": "18", "temperature": "0.7", "batch_size": "32", "number_of_actors": "2"}
+SLOW_ENV = {"reward": "DISTRL_SLOW_SLICE_S", "tool": "DISTRL_SLOW_TOOL_S"}
+
+
 def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str,
-          overrides: dict[str, str] | None = None) -> list[str]:
-    """The `distrl train` flags of one run: SETTINGS with `overrides`, then the run's own."""
-    settings = {**SETTINGS, **(overrides or {}), "max_steps": str(max_steps), "learning_rate": learning_rate,
+          overrides: dict[str, str] | None = None, base: dict[str, str] = SETTINGS) -> list[str]:
+    """The `distrl train` flags of one run: `base` (SETTINGS or TOOL_SETTINGS) with `overrides`, then the run's
+    own."""
+    settings = {**base, **(overrides or {}), "max_steps": str(max_steps), "learning_rate": learning_rate,
                 "eval_every": str(max_steps), "eval_size": str(eval_size), "seed": str(seed),
                 "bias_correction": correction, "run_name": f"bias-{correction}-s{seed}"}
     return [part for key, value in settings.items() for part in (f"--{key}", value)]
@@ -76,17 +94,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max_steps", type=int, default=60)
     parser.add_argument("--eval_size", type=int, default=256)
     parser.add_argument("--learning_rate", default="2e-4", help="the RL learning rate (cosine-decayed)")
-    parser.add_argument("--slow_s", type=float, default=0.3, help="DISTRL_SLOW_SLICE_S: seconds per slice completion")
+    parser.add_argument("--slow_s", type=float, default=0.3,
+                        help="seconds per slice completion's reward (DISTRL_SLOW_SLICE_S) or tool answer "
+                             "(DISTRL_SLOW_TOOL_S)")
+    parser.add_argument("--setting", choices=sorted(SLOW_ENV), default="reward",
+                        help="where the slice is slow: its reward (the actor waits) or its tool (--env; it does not)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one of SETTINGS (a `distrl train` flag without its dashes), e.g. batch_size=32")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each is its own `distrl train`)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
-    os.environ["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
+    base, slow_env = (TOOL_SETTINGS if args.setting == "tool" else SETTINGS), SLOW_ENV[args.setting]
+    os.environ[slow_env] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
     from bench import runs
-    runs.ENV["DISTRL_SLOW_SLICE_S"] = str(args.slow_s)
-    runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides)
+    runs.ENV[slow_env] = str(args.slow_s)
+    runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides, base)
                   for seed in args.seeds for correction in ("none", "reweight")]
     with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp, \
             ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -100,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
               "reweight_ge_none": mean_rw >= mean_none,
               "seeds_reweight_ge_none": sum(by["reweight"][s] >= by["none"][s] for s in args.seeds),
               "seeds": len(args.seeds), "slow_s": args.slow_s, "max_steps": args.max_steps,
-              "learning_rate": args.learning_rate, "settings": {**SETTINGS, **overrides},
+              "learning_rate": args.learning_rate, "setting": args.setting, "settings": {**base, **overrides},
               "eval_size": args.eval_size, "runs": results}
     merge(args.out, values)
     print(json.dumps(values), flush=True)

@@ -99,7 +99,7 @@ def actors_exist(cfg) -> None:
 def env_fits(cfg) -> None:
     """--env (multi-turn episodes) runs on the actors' engines; --learner_generates makes single completions; the
     warm start with --env trains on the environment's demonstrations (distrl/rollout/envs/demonstrations.py)."""
-    from distrl.rollout.envs import DEMONSTRATED
+    from distrl.rollout.envs import BUILTIN, DEMONSTRATED
 
     env = cfg.generation.env
     if env is None:
@@ -107,7 +107,9 @@ def env_fits(cfg) -> None:
     if hasattr(cfg, "learn") and cfg.learn.learner_generates:
         raise ValueError("--learner_generates makes single completions: not available with --env yet (drop one)")
     task = cfg.prompt.task or ("arith" if cfg.prompt.dataset is None else "(from --dataset)")
-    if getattr(cfg, "warm_start", None) and cfg.warm_start.warm_start_steps and task not in DEMONSTRATED.get(env, ()):
+    # a user's environment may demonstrate (its class's demonstrate(), asked at the warm start, where it imports)
+    if (getattr(cfg, "warm_start", None) and cfg.warm_start.warm_start_steps and env in BUILTIN
+            and task not in DEMONSTRATED.get(env, ())):
         raise ValueError(f"--warm_start_steps with --env {env} --task {task}: no demonstrations of that "
                          "environment on that task (built in: --env calculator --task arith); drop --warm_start_steps")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,19 @@ def test_warm_start_without_demonstrations_is_refused():
     with pytest.raises(ValueError, match="--learner_generates makes single completions: not available with --env"):
         TrainConfig(**{**FLAGS, "learner_generates": True, "number_of_actors": 0}).validate()
     TrainConfig(**FLAGS).validate()  # --eval_every with --env is accepted
+
+
+def test_a_users_environment_demonstrates_through_its_class():
+    """A user's --env class with demonstrate(problem) is warm-started on it; one without is refused, naming it."""
+    from distrl.rollout.envs.demonstrations import demonstrations
+
+    slow = f"{Path(__file__).parents[1] / 'data' / 'slow_tool_env.py'}:SlowCalculator"
+    TrainConfig(**{**FLAGS, "env": slow, "arith_ops": "+*"}).validate()  # not refused at start: asked at the warm start
+    problem = next(ArithTask(0, 99, ("+", "*")).problems(1))
+    assert demonstrations(slow, "arith")(problem) == calculator_turns(problem)
+    scripted = f"{Path(__file__).with_name('env_scripts.py')}:Scripted"
+    with pytest.raises(ValueError, match="may define demonstrate"):
+        demonstrations(scripted, "arith")
 
 
 @pytest.fixture(scope="module")

@@ -44,3 +44,6 @@ class Environment:
     def step(self, model_text: str) -> tuple[str | None, float, bool, dict[str, Any]]:
         """The model's turn ``model_text`` -> (observation or None, reward, done, info)."""
         raise NotImplementedError
+
+    # Optional, for --warm_start_steps: a static ``demonstrate(problem) -> list[str]``, the texts of a correct
+    # episode (model turn, observation, model turn, ...), run in the driver (distrl.rollout.envs.demonstrations).

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from distrl.rollout.envs import BUILTIN as ENVS
 from distrl.rollout.envs import DEMONSTRATED
 from distrl.rollout.envs.calculator import Calculator
 from distrl.rollout.envs.episodes import ObservationFormat
@@ -57,12 +58,21 @@ BUILTIN = {"calculator": calculator_turns}  # --env -> its demonstration turns (
 
 
 def demonstrations(env: str, task_name: str) -> Callable[[object], list[str]]:
-    """The turns function of ``--env`` for ``--task``; ValueError naming both when there is none."""
-    if task_name not in DEMONSTRATED.get(env, ()):
-        raise ValueError(f"--warm_start_steps with --env {env} --task {task_name}: no demonstrations of that "
-                         f"environment on that task (built in: --env calculator --task arith); drop "
-                         f"--warm_start_steps or warm-start the model yourself")
-    return BUILTIN[env]
+    """The turns function of ``--env`` for ``--task``: a built-in's (:data:`DEMONSTRATED`), or a user's
+    environment class's ``demonstrate(problem) -> list[str]`` (model turn, observation, model turn, ...; it
+    raises ValueError for a problem it cannot demonstrate). ValueError naming both flags when there is none."""
+    if env in BUILTIN and task_name in DEMONSTRATED.get(env, ()):
+        return BUILTIN[env]
+    if env not in ENVS:  # a user's module:Class or file.py:Class
+        from distrl.rollout.envs.worker import load_env_class
+
+        demonstrate = getattr(load_env_class(env), "demonstrate", None)
+        if callable(demonstrate):
+            return demonstrate
+    raise ValueError(f"--warm_start_steps with --env {env} --task {task_name}: no demonstrations of that "
+                     f"environment on that task (built in: --env calculator --task arith; a user's environment "
+                     f"class may define demonstrate(problem)); drop --warm_start_steps or warm-start the model "
+                     f"yourself")
 
 
 def demonstration_ids(turns: list[str], prompt_text: str, tokenizer, chat: bool) -> Segments:
