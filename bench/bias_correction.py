@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--setting", choices=sorted(SLOW_ENV), default="reward",
                         help="where the slice is slow: its reward (the actor waits) or its tool (--env; it does not)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one of SETTINGS (a `distrl train` flag without its dashes), e.g. batch_size=32")
+                        help="override one of the setting's flags (a `distrl train` flag without its dashes), "
+                             "e.g. batch_size=32")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each is its own `distrl train`)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from distrl.rollout.envs import BUILTIN as ENVS
-from distrl.rollout.envs import DEMONSTRATED
+from distrl.rollout.envs import BUILTIN, DEMONSTRATED
 from distrl.rollout.envs.calculator import Calculator
 from distrl.rollout.envs.episodes import ObservationFormat
 
@@ -54,16 +53,16 @@ def calculator_turns(problem) -> list[str]:
     return [call, observation, answer]
 
 
-BUILTIN = {"calculator": calculator_turns}  # --env -> its demonstration turns (the tasks: DEMONSTRATED)
+TURNS = {"calculator": calculator_turns}  # built-in --env -> its demonstration turns (the tasks: DEMONSTRATED)
 
 
 def demonstrations(env: str, task_name: str) -> Callable[[object], list[str]]:
     """The turns function of ``--env`` for ``--task``: a built-in's (:data:`DEMONSTRATED`), or a user's
     environment class's ``demonstrate(problem) -> list[str]`` (model turn, observation, model turn, ...; it
     raises ValueError for a problem it cannot demonstrate). ValueError naming both flags when there is none."""
-    if env in BUILTIN and task_name in DEMONSTRATED.get(env, ()):
-        return BUILTIN[env]
-    if env not in ENVS:  # a user's module:Class or file.py:Class
+    if task_name in DEMONSTRATED.get(env, ()):
+        return TURNS[env]
+    if env not in BUILTIN:  # a user's module:Class or file.py:Class
         from distrl.rollout.envs.worker import load_env_class
 
         demonstrate = getattr(load_env_class(env), "demonstrate", None)
