@@ -227,6 +227,7 @@ class RolloutActor:
                 self._serve_final()
                 break
             if reply["granted"] == 0:
+                self.rollouts.flush()  # groups whose rewards came in meanwhile (--async_scoring)
                 newest = self.weights.poll()
                 if newest.version > self.version:  # idle: take the newest version now (a broadcast
                     self._refresh_weights(newest.version)  # transport's round waits for this actor)

@@ -131,6 +131,13 @@ class TaskOptions:
     """Child processes of each actor that score a hand-back's completions in parallel: math_verify's checks
     (gsm8k, math500) and the --reward function (with --reward_timeout_s set). Unset: half the host's cores,
     1 to 8. Scoring runs between the engine's decode steps: 256 GSM8K completions took 0.4 s one by one."""
+    async_scoring: int = 0
+    """Groups whose rewards an actor may still be computing while its engine decodes on. 0: each hand-back is
+    scored before the engine goes on, so a slow reward holds up every group behind it. N > 0: threads of the
+    actor score the hand-backs (up to 16 at once) and each group is PUT as soon as its rewards are in, so a slow
+    one arrives later, with an older policy version (dropped past --max_staleness), as slow verifiers, sandboxes
+    or judges make it in real asynchronous runs; with N groups awaiting rewards the actor waits for the oldest
+    (distrl/rollout/scoring.py). A resumed actor may generate again a group that was awaiting its rewards."""
     long_prompts: Literal["skip", "truncate", "error"] = "skip"
     """Prompts longer, as templated (chat template included), than --max_model_len minus --max_new_tokens
     tokens: `skip` never generates for them and counts them (TensorBoard `rollout/long_prompts_skipped`,
@@ -199,6 +206,8 @@ class TaskOptions:
         if self.reward_workers is not None and self.reward_workers < 1:
             raise ValueError(f"--reward_workers must be >= 1 (unset: half the cores, 1 to 8), "
                              f"got {self.reward_workers}")
+        if self.async_scoring < 0:
+            raise ValueError(f"--async_scoring must be >= 0 (0: score before decoding on), got {self.async_scoring}")
         if self.long_prompts not in ("skip", "truncate", "error"):
             raise ValueError(f"--long_prompts must be one of skip, truncate, error, got {self.long_prompts!r}")
         if self.eval_every is not None and self.eval_every < 0:

@@ -82,6 +82,8 @@ class LearnerGenerator:
         """
         reply = self.client.credits(want=self.want)
         if reply["stop"] or reply["granted"] == 0:
+            if not reply["stop"]:
+                self.rollouts.flush()  # groups whose rewards came in meanwhile (--async_scoring)
             return False
         version = self.version  # the learner's: it does not change while its GET waits on this call
         was_training = self.model.training

@@ -20,9 +20,11 @@ per-completion versions gives the call's start and the version served when the g
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
+from functools import partial
 from typing import Any, Callable, Iterator, NamedTuple
 
 import pyarrow as pa
@@ -37,6 +39,7 @@ from distrl.rollout.engines.base import PromptResult
 from distrl.rollout.prompt_fit import LongPrompts, prompt_limit
 from distrl.rollout.reward_workers import DEFAULT_WORKERS
 from distrl.rollout.rewards import UserReward, apply_truncation, timed_out
+from distrl.rollout.scoring import Scoring
 from distrl.weights.attest import Stamper
 
 log = logging.getLogger("distrl.actor")
@@ -115,7 +118,8 @@ class Rollouts:
         self.position = 0  # problems taken from the stream so far; sampling seeds derive from it
         self.digest = ""  # the verified digest of the payload the engine serves ("": nothing loaded)
         self.stamps = Stamper(engine.canary_logprob, shared.attest_weights)  # distrl.weights.attest
-        self._seq = 0
+        self._seq = itertools.count(1)  # group ids' sequence (next() is atomic: scoring threads take from it)
+        self.scoring = Scoring(generation.async_scoring)  # hand-backs scored now or while decoding on
         self.aborted_calls = 0  # generate calls dropped at a version boundary (--inflight_update abort)
         self.tokens = 0  # completion tokens generated
         self.reward_timeouts = 0  # completions whose reward ran past its time limit and scored 0
@@ -150,27 +154,46 @@ class Rollouts:
         self.position += granted
         t0, c0 = time.time(), time.perf_counter()
         start_version, groups, results = self.version(), [], []
-        for finished in self._generate(list(prompt_ids), seed, problems):  # PUT each group as soon as it ends
-            ended = self._make_groups(finished, problems, prompts, t0, time.perf_counter() - c0)
-            self.client.put_many(ended)  # one message, acknowledged once every group is in the segment log
-            groups += ended
+        for finished in self._generate(list(prompt_ids), seed, problems):  # PUT each group as soon as it's scored
+            stamp, gen_s = self.stamps.fields(), time.perf_counter() - c0  # the call's served versions, digests
+            for part in [finished] if not self.scoring.limit else [[one] for one in finished]:  # async: by group
+                job = partial(self._make_groups, part, problems, prompts, t0, gen_s, stamp)
+                groups += self._put(self.scoring.submit(job, len(part)))
             results += [result for _, result, _ in finished]
+        groups += self._put(self.scoring.collect())
         gen_s = time.perf_counter() - c0
-        rewards = [r for g in groups for r in g.column("reward").to_pylist()]
         tokens = sum(len(c.token_ids) for result in results for c in result.completions)
         self.tokens += tokens
-        reasons = [f for g in groups for f in g.column("finish_reason").to_pylist()]
-        if self.actor_id == 0 and self.log_samples and start_version != self._samples_version:
+        if groups and self.actor_id == 0 and self.log_samples and start_version != self._samples_version:
             self._samples_version = start_version
             self.metrics.text("actor/samples", samples_markdown(groups, self.log_samples), step=start_version)
-        return {"actor/reward_mean": sum(rewards) / len(rewards), "actor/tokens_per_s": tokens / gen_s,
-                "actor/truncated_fraction": reasons.count("length") / len(reasons),
+        return {**_put_stats(groups), "actor/tokens_per_s": tokens / gen_s,
+                "actor/scoring_waiting": self.scoring.waiting(),  # groups awaiting rewards (--async_scoring)
                 "actor/groups": granted, "actor/generate_s": gen_s, "actor/aborted_calls": self.aborted_calls,
                 "actor/reward_timeouts": self.reward_timeouts,  # cumulative, like aborted_calls
                 "actor/inflight_versions": self.version() - start_version,
                 "actor/graph_captures": self.engine.graph_captures(),  # cumulative (engines' graph captures)
                 "rollout/long_prompts_skipped": self.long_prompts.skipped,
                 "rollout/long_prompts_truncated": self.long_prompts.truncated, **self._episode_stats()}
+
+    def flush(self) -> int:
+        """PUT the groups whose rewards came in since the last step (``--async_scoring``); returns how many."""
+        return len(self._put(self.scoring.collect()))
+
+    def _put(self, scored: list[tuple[list[pa.Table], int]]) -> list[pa.Table]:
+        """PUT each scoring job's groups (one message a job, acknowledged once every group is in the segment
+        log) and count its reward timeouts; the groups PUT."""
+        groups = []
+        for tables, timeouts in scored:
+            if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
+                limit = (f"--reward_timeout_s {self.generation.reward_timeout_s}" if self.user_reward else
+                         f"math_verify's {self.task.verifier.timeout_s} s limit")
+                log.warning("%s: %d rewards ran past %s and scored 0 (component `timeout`); counted in TensorBoard "
+                            "actor/reward_timeouts and summary.json's reward_timeouts", self.name, timeouts, limit)
+            self.reward_timeouts += timeouts
+            self.client.put_many(tables)
+            groups += tables
+        return groups
 
     def _episode_stats(self) -> dict:
         """--env: cumulative episode counts (errors: an environment's error, crash or timeout; cut: a limit)."""
@@ -214,30 +237,27 @@ class Rollouts:
                 left = [i for i in left if i not in done]
                 self.on_boundary()
 
-    def _make_groups(self, finished, problems, prompts, t0: float, gen_s: float) -> list[pa.Table]:
-        """The Arrow rows of each ended group of a hand-back (``(prompt index, result, versions)``): every
-        completion scored in one :attr:`rewards` call (in parallel where the scorer runs child processes)."""
+    def _make_groups(self, finished, problems, prompts, t0: float, gen_s: float,
+                     stamp: dict) -> tuple[list[pa.Table], int]:
+        """The Arrow rows of each ended group of a hand-back (``(prompt index, result, versions)``), every
+        completion scored in one :attr:`rewards` call (in parallel where the scorer runs child processes), and
+        how many rewards timed out. ``stamp``: the attestation fields of the call (Stamper.fields). Runs in a
+        scoring thread with --async_scoring: it reads no state the actor's thread changes."""
         items = [(c.text, c.token_ids, problems[i]) for i, result, _ in finished for c in result.completions]
         if self.episodes is not None:  # an episode's reward is its environment's
             scored, at = [(c.reward, c.components) for _, result, _ in finished for c in result.completions], 0
         else:
             scored, at = self.rewards(items), 0
-        timeouts = timed_out(scored)
-        if timeouts and not self.reward_timeouts:  # the first one says so; all are counted (actor/reward_timeouts)
-            limit = (f"--reward_timeout_s {self.generation.reward_timeout_s}" if self.user_reward else
-                     f"math_verify's {self.task.verifier.timeout_s} s limit")
-            log.warning("%s: %d rewards ran past %s and scored 0 (component `timeout`); counted in TensorBoard "
-                        "actor/reward_timeouts and summary.json's reward_timeouts", self.name, timeouts, limit)
-        self.reward_timeouts += timeouts
         groups = []
         for i, result, versions in finished:
             n = len(result.completions)
-            groups.append(self._make_group(problems[i], prompts[i], result, t0, gen_s, versions, scored[at:at + n]))
+            groups.append(self._make_group(problems[i], prompts[i], result, t0, gen_s, versions, scored[at:at + n],
+                                           stamp))
             at += n
-        return groups
+        return groups, timed_out(scored)
 
     def _make_group(self, problem, prompt_text: str, result, t0: float, gen_s: float,
-                    versions: tuple[int, int], scored: list[tuple[float, dict]]) -> pa.Table:
+                    versions: tuple[int, int], scored: list[tuple[float, dict]], stamp: dict) -> pa.Table:
         """One prompt's group: its completions' ``scored`` rewards under --truncation, the group's advantages,
         its Arrow rows. ``versions``: the policy versions of the group's first and last tokens; ``gen_s``:
         seconds from the call's start to the group's end."""
@@ -246,9 +266,7 @@ class Rollouts:
                   for c, (r, comp) in zip(comps, scored)]
         advantages = _advantages([r for r, _ in scored], [c.finish_reason == "error" for c in comps],
                                  self.shared.advantage_estimator)
-        self._seq += 1
-        group_id = f"{self.name}-{self._seq}-{uuid.uuid4().hex[:8]}"
-        stamp = self.stamps.fields()  # the versions this call served, their digests and canaries
+        group_id = f"{self.name}-{next(self._seq)}-{uuid.uuid4().hex[:8]}"
         stamp = _served_within(stamp, *versions)  # continuous batching: those this group's tokens saw
         rows = [dict(**stamp, sample_id=f"{group_id}-{i}", group_id=group_id, prompt_id=problem.prompt_id,
                      actor_id=self.actor_id, policy_version=versions[0], last_policy_version=versions[1],
@@ -262,13 +280,25 @@ class Rollouts:
         return table_from_rows(rows)
 
     def close(self) -> None:
-        """Close the --reward worker processes, the task's math_verify children and the --env processes."""
+        """Close the scoring threads (groups still awaiting rewards are dropped, never acknowledged), the --reward
+        worker processes, the task's math_verify children and the --env processes."""
+        self.scoring.close()
         if self.episodes is not None:
             self.episodes.close()
         if self.user_reward is not None:
             self.user_reward.close()
         if getattr(self.task, "verifier", None) is not None:
             self.task.verifier.close()
+
+
+def _put_stats(groups: list[pa.Table]) -> dict:
+    """Mean reward and truncated fraction of the groups PUT in a step (none PUT: no keys)."""
+    rewards = [r for g in groups for r in g.column("reward").to_pylist()]
+    reasons = [f for g in groups for f in g.column("finish_reason").to_pylist()]
+    if not rewards:
+        return {}
+    return {"actor/reward_mean": sum(rewards) / len(rewards),
+            "actor/truncated_fraction": reasons.count("length") / len(reasons)}
 
 
 def _advantages(rewards: list[float], errors: list[bool], estimator: str) -> list[float]:
