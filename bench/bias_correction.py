@@ -3,16 +3,17 @@
 The setting: the demo's tiny model (a supervised warm start on arith, then async GRPO, HF engine, CPU) on arith
 with ``+ *`` and operands <= 20, scored by ``tests/data/slow_slice_reward.py``: a completion of a ``*`` problem
 (the slice: the long answers, up to 3 digits against 2 for ``+``, and the hard ones) is scored after a
-``DISTRL_SLOW_SLICE_S`` sleep, so its groups finish late; 4 actors and ``--max_staleness 1`` let the learner move
-on without them, and the buffer evicts the late ones as stale. Each seed runs twice, ``--bias_correction none``
+``DISTRL_SLOW_SLICE_S`` sleep, so its groups finish late: ``--async_scoring 64`` lets each actor decode on while
+they are scored, 4 actors and ``--max_staleness 1`` let the learner move on without them, and the buffer evicts the
+late ones as stale (without ``--async_scoring`` a slow reward held up the whole actor instead, and the slice was
+barely late: ``--set async_scoring=0``). Each seed runs twice, ``--bias_correction none``
 and ``reweight``; the slice's held-out accuracy is the final evaluation's ``by_group["op=*"]`` (greedy,
 ``--eval_size`` held-out problems, about half of them ``*``). Also recorded per run: the monitor's gaps
 (``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
 
 With ``--setting tool`` the slice is slow in its tool instead of its reward (``TOOL_SETTINGS``: ``--env
 tests/data/slow_tool_env.py:SlowCalculator``, whose answers to a ``*`` problem's calls come ``--slow_s`` late,
-after a warm start on its demonstrated episodes): an actor scores each hand-back before it decodes on, so a slow
-reward holds up the whole actor, while a waiting episode lets the others go on and end first.
+after a warm start on its demonstrated episodes): a waiting episode lets the actor's others go on and end first.
 
     nice .venv/bin/python -m bench.bias_correction                  # 3 seeds x 2 (~25 min on 2 cores)
     python -m bench.bias_correction --set batch_size=32 --set number_of_actors=1 --parallel 6   # on 16 cores
@@ -48,13 +49,13 @@ SETTINGS = {"model": "tiny", "task": "arith", "arith_ops": "+*", "arith_max_oper
             "warm_start_batch_size": "128", "finetune": "full", "backend": "hf", "engine": "hf",
             "torch_threads": "1", "batch_size": "8", "group_size": "8", "learner_chunk_size": "256",
             "max_new_tokens": "5", "lr_schedule": "cosine", "lr_warmup_steps": "10", "number_of_actors": "4",
-            "max_staleness": "1"}
+            "max_staleness": "1", "async_scoring": "64"}
 
 
 # `--setting tool`: the slice is slow in its tool instead (tests/data/slow_tool_env.py: the calculator, whose
 # answers to a `*` problem's calls come DISTRL_SLOW_TOOL_S late), so its episodes end late while the actor's other
 # episodes go on decoding; the warm start teaches the call format on the environment's demonstrations.
-TOOL_SETTINGS = {**{k: v for k, v in SETTINGS.items() if k not in ("reward", "reward_timeout_s",
+TOOL_SETTINGS = {**{k: v for k, v in SETTINGS.items() if k not in ("reward", "reward_timeout_s", "async_scoring",
                                                                     "warm_start_until_accuracy")},
                  "arith_max_operand": "99",
                  "env": str(ROOT / "tests" / "data" / "slow_tool_env.py") + ":SlowCalculator",

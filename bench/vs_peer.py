@@ -197,6 +197,7 @@ def verl_overrides(args, model_dir: str, data: Path, prompt_len: int, work: Path
     """verl 0.9.1's Hydra overrides (keys of verl/trainer/config/_generated_ppo_trainer.yaml)."""
     steps = args.warmup + args.versions if args.workload == "variable" else args.max_steps
     rows = args.batch_size * args.group_size
+    micro = min(rows, 64)  # rows per forward/backward: 256 x 448 tokens of fp32 logits (49k vocab) filled an H100
     save = args.eval_every if args.workload == "arith" else -1
     return [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
@@ -208,7 +209,7 @@ def verl_overrides(args, model_dir: str, data: Path, prompt_len: int, work: Path
         # verl's FSDP actor defaults to flash_attention_2, a package the GPU machine does not have
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         f"actor_rollout_ref.actor.optim.lr={args.lr}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.batch_size}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={rows}", "actor_rollout_ref.actor.ppo_epochs=1",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}", "actor_rollout_ref.actor.ppo_epochs=1",
         "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
@@ -216,7 +217,7 @@ def verl_overrides(args, model_dir: str, data: Path, prompt_len: int, work: Path
         "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={args.group_size}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.temperature=1.0",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={rows}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
         f"reward.custom_reward_function.path={ROOT / 'bench' / 'vs_peer_reward.py'}",
         "reward.custom_reward_function.name=compute_score",
         "trainer.logger=['console']", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
@@ -427,7 +428,12 @@ def report(dirs: list[str], note: str, path: Path = RESULTS) -> dict:
         known = [r for r in ratios if r is not None]
         if ratios:
             values |= {key: min(known) if known else None, f"{key}_runs": ratios}
-    values["vs_peer_runs_detail"] = [{k: v for k, v in r.items() if k not in ("distrl", "verl")} for r in runs]
+    keep = ("returncode", "steps_timed", "wall_s", "completions_per_s", "mean_completion_tokens", "startup_s",
+            "first_version_s")
+    values["vs_peer_runs_detail"] = [{**{k: v for k, v in r.items() if k not in ("distrl", "verl")},
+                                      "verl": {k: r["verl"][k] for k in keep if k in r.get("verl", {})},
+                                      "distrl_completions_per_s": r.get("distrl", {}).get("completions_per_s")}
+                                     for r in runs]
     out = merge(path, values)
     print(json.dumps({k: v for k, v in out.items() if k.startswith("vs_peer") or k == "peer"}))
     return out

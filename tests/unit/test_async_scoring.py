@@ -80,8 +80,9 @@ def test_an_actor_puts_fast_groups_while_slow_ones_await_their_rewards(tmp_path,
                       async_scoring=8, seed=3)
     publisher = DirectoryPublisher(tmp_path / "weights")
     with open_buffer(*buffer_sections(cfg), tmp_path / "buffer") as buffer:
-        actor = RolloutActor(*actor_sections(cfg), 0, ActorEndpoints("in-process", *publisher.addresses), str(qwen_tiny),
-                             work_dir=str(tmp_path), client=buffer.client("actor0"))
+        endpoints = ActorEndpoints("in-process", *publisher.addresses)
+        actor = RolloutActor(*actor_sections(cfg), 0, endpoints, str(qwen_tiny), work_dir=str(tmp_path),
+                             client=buffer.client("actor0"))
         try:
             stats = actor.step(actor.client.credits(want=8)["granted"])
             assert stats["actor/groups"] == 8 and stats["actor/scoring_waiting"] > 0  # the step did not wait
@@ -95,7 +96,7 @@ def test_an_actor_puts_fast_groups_while_slow_ones_await_their_rewards(tmp_path,
                      "fast groups")
             assert actor.rollouts.scoring.waiting() == slow and all("*" not in r["prompt_text"] for r in put())
             (tmp_path / "release").touch()
-            wait_for(lambda: actor.rollouts.flush() is not None and actor.rollouts.scoring.waiting() == 0, "slow groups")
+            wait_for(lambda: actor.rollouts.flush() is not None and not actor.rollouts.scoring.waiting(), "slow groups")
             rows = put()
             assert len({r["group_id"] for r in rows}) == 8 and len(rows) == 16
             assert all("*" in r["prompt_text"] for r in rows[-2 * slow:])  # PUT last: the slow slice
