@@ -34,7 +34,11 @@ over the whole run so far:
   untrained: issued and never trained).
 
 For ``--bias_correction reweight`` (:mod:`distrl.learn.reweight`) the monitor also keeps two histograms
-over the cells (length bucket, difficulty bucket): generated and trained (each hand-out). Buckets are
+over the cells (length bucket, difficulty bucket): generated and trained (each hand-out), of the groups with a
+learning signal only (rewards not all equal). A zero-variance group (all right or all wrong) has no GRPO
+advantage and is dropped whatever its timing, so it is not part of the mix the correction restores: counted,
+it would give the trained groups of the lowest and highest difficulty buckets the weights of the many all-wrong
+and all-right groups beside them. Buckets are
 fixed, so the histograms add across a run: length bucket ``b = #{e in LENGTH_EDGES : e <= length}``
 (powers of two, 13 buckets), difficulty bucket ``#{e in DIFFICULTY_EDGES : e <= mean reward}``
 (4 buckets; a reward outside [0, 1] falls in the first or last). The cell index is
@@ -134,7 +138,8 @@ class BiasMonitor:
         self.generated_cells = np.zeros(N_CELLS, np.int64)
         self.trained_cells = np.zeros(N_CELLS, np.int64)
         self.trained_once = 0  # groups handed out at least once
-        self._held: dict[int, tuple[int, float, float, int]] = {}  # seq -> cell, length, difficulty, version
+        self._held: dict[int, tuple[int, float, float, int, bool]] = {}  # seq -> cell, length, difficulty, version,
+        # and whether its rewards differ (a learning signal: counted in the cell histograms)
         self._batch_cells: dict[int, dict[str, int]] = {}  # learner version -> {group_id: cell} of its selection
 
     def _version(self, v: int) -> _Version:
@@ -153,6 +158,7 @@ class BiasMonitor:
         ``version`` (policy version) (c,)."""
         rows = offset[:, None] + np.arange(self.group_size)  # (c, n) row of each completion in its parent
         length, difficulty = np.empty(len(offset)), np.empty(len(offset))
+        signal = np.empty(len(offset), bool)
         first = 0
         while first < len(parents):  # runs of groups from one parent (one PUT message: all of them)
             parent, last = parents[first], first + 1
@@ -161,24 +167,28 @@ class BiasMonitor:
             reward = parent.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
             length[first:last] = np.add.reduce(model_tokens(parent)[rows[first:last]], axis=1) / self.group_size
             difficulty[first:last] = np.add.reduce(reward[rows[first:last]], axis=1) / self.group_size
+            signal[first:last] = np.ptp(reward[rows[first:last]], axis=1) > 0
             first = last
         cell = cells(length, difficulty)
-        self.generated_cells += np.bincount(cell, minlength=N_CELLS)
+        self.generated_cells += np.bincount(cell[signal], minlength=N_CELLS)
         self._stage("generated", length, difficulty, version, learner_version)
-        self._held.update(zip(seq.tolist(), zip(cell.tolist(), length.tolist(), difficulty.tolist(), version.tolist())))
+        self._held.update(zip(seq.tolist(), zip(cell.tolist(), length.tolist(), difficulty.tolist(), version.tolist(),
+                                                signal.tolist())))
 
     def _take(self, seq: np.ndarray, keep: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        """(cell, length, difficulty, version, j) of the groups ``seq`` this monitor holds (j: their positions in
-        ``seq``), forgotten unless ``keep[j]``."""
+        """(cell, length, difficulty, version, signal, j) of the groups ``seq`` this monitor holds (j: their
+        positions in ``seq``), forgotten unless ``keep[j]``."""
         rows = []
         for j, s in enumerate(seq.tolist()):
             held = self._held.get(s) if keep is not None and keep[j] else self._held.pop(s, None)
             if held is not None:
                 rows.append((*held, j))
         if not rows:
-            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        c, ln, d, v, j = zip(*rows)
-        return np.array(c, np.int64), np.array(ln), np.array(d), np.array(v, np.int64), np.array(j, np.int64)
+            return (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, bool),
+                    np.zeros(0, np.int64))
+        c, ln, d, v, sig, j = zip(*rows)
+        return (np.array(c, np.int64), np.array(ln), np.array(d), np.array(v, np.int64), np.array(sig, bool),
+                np.array(j, np.int64))
 
     def _stage(self, stage: str, length, difficulty, version, learner_version: int) -> None:
         lag = learner_version - version
@@ -193,8 +203,8 @@ class BiasMonitor:
                 gids: list[str]) -> None:
         """Groups ``seq`` (named ``gids``) selected for ``learner_version``; ``used_up``: they leave memory;
         ``first_use``: not handed out before (all (c,) bool)."""
-        cell, length, difficulty, version, found = self._take(seq, keep=~used_up)
-        self.trained_cells += np.bincount(cell, minlength=N_CELLS)
+        cell, length, difficulty, version, signal, found = self._take(seq, keep=~used_up)
+        self.trained_cells += np.bincount(cell[signal], minlength=N_CELLS)
         self.trained_once += int(first_use.sum())
         self._stage("trained", length, difficulty, version, learner_version)
         self._batch_cells[learner_version] = dict(zip([gids[j] for j in found.tolist()], cell.tolist()))
@@ -203,7 +213,7 @@ class BiasMonitor:
 
     def evicted(self, seq: np.ndarray, learner_version: int) -> None:
         """Groups ``seq`` evicted (any reason) while the learners are at ``learner_version``."""
-        _, length, difficulty, version, _ = self._take(seq)
+        _, length, difficulty, version, _, _ = self._take(seq)
         self._stage("evicted", length, difficulty, version, learner_version)
 
     def batch_fields(self, learner_version: int, shard: pa.Table | None = None) -> dict:

@@ -159,3 +159,17 @@ def test_end_of_run_report_has_the_bias_section(tmp_path, capsys):
     text = (tmp_path / "bias.md").read_text()
     assert "length gap **-9.00** tokens" in text and "| 0 | 4 | 4 | 12.5 | 0.500 | 0.00 | 2 | 3.5 | 0.750 |" in text
     assert write_report(tmp_path, {"versions": 1, "wall_s": 1.0})["bias_md"] is None  # an older run's summary
+
+
+def test_the_reweight_histograms_leave_out_zero_variance_groups():
+    s = GroupStore(batch_size=2, max_staleness=2, topk=2, group_size=4, filter_zero_variance=False)
+    s.grant_credits(2)
+    s.put(make_group("flat", 0, completion_len=20, rewards=[0, 0, 0, 0]))  # all wrong: no GRPO advantage
+    s.put(make_group("g", 0, **SHORT))
+    assert s.select(0, 0, 1) is not None  # both handed out (no filter)
+    fields = s.bias.batch_fields(0)
+    expected = np.zeros(N_CELLS, int)
+    expected[7] = 1  # only g's cell: the flat group is in neither histogram
+    assert fields["bias_generated"] == expected.tolist() and fields["bias_trained"] == expected.tolist()
+    assert s.stats()["bias"]["generated"]["groups"] == 2  # the monitor's own counts keep every group
+    assert set(fields["bias_cells"]) == {"flat", "g"}
