@@ -134,7 +134,7 @@ class TaskOptions:
     async_scoring: int = 0
     """Groups whose rewards an actor may still be computing while its engine decodes on. 0: each hand-back is
     scored before the engine goes on, so a slow reward holds up every group behind it. N > 0: threads of the
-    actor score the hand-backs (up to 16 at once) and each group is PUT as soon as its rewards are in, so a slow
+    actor score each group (up to 16 at once) and each group is PUT as soon as its rewards are in, so a slow
     one arrives later, with an older policy version (dropped past --max_staleness), as slow verifiers, sandboxes
     or judges make it in real asynchronous runs; with N groups awaiting rewards the actor waits for the oldest
     (distrl/rollout/scoring.py). A resumed actor may generate again a group that was awaiting its rewards."""
