@@ -417,7 +417,8 @@ def run(args) -> dict:
 
 
 def report(dirs: list[str], note: str, path: Path = RESULTS) -> dict:
-    """Each run's ratio into bench/results/vs_peer.json (merge: keys kept; the smallest run's ratio)."""
+    """Each run's ratio into bench/results/vs_peer.json (merge: keys kept; the smallest run's ratio; each run's
+    detail appended to the earlier rounds')."""
     from bench.results_file import merge
 
     runs = [json.loads(p.read_text()) for d in dirs for p in sorted(Path(d).glob("*.json"))
@@ -430,7 +431,8 @@ def report(dirs: list[str], note: str, path: Path = RESULTS) -> dict:
             values |= {key: min(known) if known else None, f"{key}_runs": ratios}
     keep = ("returncode", "steps_timed", "wall_s", "completions_per_s", "mean_completion_tokens", "startup_s",
             "first_version_s")
-    values["vs_peer_runs_detail"] = [{**{k: v for k, v in r.items() if k not in ("distrl", "verl")},
+    earlier = json.loads(path.read_text()).get("vs_peer_runs_detail", []) if path.is_file() else []
+    values["vs_peer_runs_detail"] = earlier + [{**{k: v for k, v in r.items() if k not in ("distrl", "verl")},
                                       "verl": {k: r["verl"][k] for k in keep if k in r.get("verl", {})},
                                       "distrl_completions_per_s": r.get("distrl", {}).get("completions_per_s")}
                                      for r in runs]
