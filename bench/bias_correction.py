@@ -64,29 +64,49 @@ TOOL_SETTINGS = {**{k: v for k, v in SETTINGS.items() if k not in ("reward", "re
 SLOW_ENV = {"reward": "DISTRL_SLOW_SLICE_S", "tool": "DISTRL_SLOW_TOOL_S"}
 
 
-def flags(seed: int, correction: str, max_steps: int, eval_size: int, learning_rate: str,
+# The arms: what each run adds to the setting. `slack`: the buffer's --bias_slack (late groups of under-trained
+# cells stay eligible 3 more versions) instead of the learner's reweighting.
+ARMS = {"none": {"bias_correction": "none"}, "reweight": {"bias_correction": "reweight"},
+        "slack": {"bias_correction": "none", "bias_slack": "3"}}
+
+
+def flags(seed: int, arm: str, max_steps: int, eval_size: int, learning_rate: str,
           overrides: dict[str, str] | None = None, base: dict[str, str] = SETTINGS) -> list[str]:
-    """The `distrl train` flags of one run: `base` (SETTINGS or TOOL_SETTINGS) with `overrides`, then the run's
-    own."""
+    """The `distrl train` flags of one run of `arm` (ARMS): `base` (SETTINGS or TOOL_SETTINGS) with `overrides`,
+    then the run's own."""
     settings = {**base, **(overrides or {}), "max_steps": str(max_steps), "learning_rate": learning_rate,
                 "eval_every": str(max_steps), "eval_size": str(eval_size), "seed": str(seed),
-                "bias_correction": correction, "run_name": f"bias-{correction}-s{seed}"}
+                **ARMS[arm], "run_name": f"bias-{arm}-s{seed}"}
     return [part for key, value in settings.items() for part in (f"--{key}", value)]
 
 
 def run_one(f: list[str], log_dir: Path) -> dict:
     """One run of flags `f`; its slice and overall held-out accuracy (first and final evaluation) and the monitor's
     gaps."""
-    seed, correction = int(f[f.index("--seed") + 1]), f[f.index("--bias_correction") + 1]
+    seed, arm = int(f[f.index("--seed") + 1]), f[f.index("--run_name") + 1].split("-")[1]
     run_dir, wall = train(f, log_dir)
     evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
     first, last = evals[0], evals[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"seed": seed, "correction": correction, "command": command(f), "wall_s": round(wall, 1),
+    return {"seed": seed, "correction": arm, "command": command(f), "wall_s": round(wall, 1),
             "slice_acc": last["by_group"][SLICE]["accuracy"], "slice_acc_before": first["by_group"][SLICE]["accuracy"],
             "accuracy": last["accuracy"], "accuracy_before": first["accuracy"],
             **{k: summary.get(k) for k in ("bias_len_gap", "bias_difficulty_gap", "bias_lag_mean",
                                            "bias_untrained_share")}}
+
+
+def compare(results: list[dict], arms: list[str], seeds: list[int]) -> dict:
+    """Each arm's mean slice accuracy over `seeds` (``slice_acc_<arm>``) and, for each arm but `none`, its gain
+    over `none` (``slice_acc_gain``, ``reweight_ge_none``, ``seeds_reweight_ge_none`` for `reweight`;
+    ``slice_acc_gain_<arm>``, ``<arm>_ge_none``, ``seeds_<arm>_ge_none`` for the others)."""
+    by = {a: {r["seed"]: r["slice_acc"] for r in results if r["correction"] == a} for a in arms}
+    values = {f"slice_acc_{a}": statistics.fmean(by[a].values()) for a in arms}
+    for a in (a for a in arms if a != "none" and "none" in arms):
+        gain = values[f"slice_acc_{a}"] - values["slice_acc_none"]
+        values[{"reweight": "slice_acc_gain"}.get(a, f"slice_acc_gain_{a}")] = gain
+        values[f"{a}_ge_none"] = gain >= 0
+        values[f"seeds_{a}_ge_none"] = sum(by[a][s] >= by["none"][s] for s in seeds)
+    return values
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -103,28 +123,28 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one of the setting's flags (a `distrl train` flag without its dashes), "
                              "e.g. batch_size=32")
+    parser.add_argument("--arms", default="none,reweight", help="comma-separated, of: " + ", ".join(ARMS))
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each is its own `distrl train`)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
+    arms = args.arms.split(",")
+    if unknown := [a for a in arms if a not in ARMS]:
+        parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     base, slow_env = (TOOL_SETTINGS if args.setting == "tool" else SETTINGS), SLOW_ENV[args.setting]
     os.environ[slow_env] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
     from bench import runs
     runs.ENV[slow_env] = str(args.slow_s)
     runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides, base)
-                  for seed in args.seeds for correction in ("none", "reweight")]
+                  for seed in args.seeds for correction in arms]
     with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp, \
             ThreadPoolExecutor(max_workers=args.parallel) as pool:
         results = []
         for result in pool.map(lambda f: run_one(f, Path(tmp)), runs_flags):
             results.append(result)
             print(json.dumps(result), flush=True)
-    by = {c: {r["seed"]: r["slice_acc"] for r in results if r["correction"] == c} for c in ("none", "reweight")}
-    mean_none, mean_rw = statistics.fmean(by["none"].values()), statistics.fmean(by["reweight"].values())
-    values = {"slice_acc_none": mean_none, "slice_acc_reweight": mean_rw, "slice_acc_gain": mean_rw - mean_none,
-              "reweight_ge_none": mean_rw >= mean_none,
-              "seeds_reweight_ge_none": sum(by["reweight"][s] >= by["none"][s] for s in args.seeds),
-              "seeds": len(args.seeds), "slow_s": args.slow_s, "max_steps": args.max_steps,
+    values = {**compare(results, arms, args.seeds), "seeds": len(args.seeds), "slow_s": args.slow_s,
+              "max_steps": args.max_steps,
               "learning_rate": args.learning_rate, "setting": args.setting, "settings": {**base, **overrides},
               "eval_size": args.eval_size, "runs": results}
     merge(args.out, values)

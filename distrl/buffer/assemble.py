@@ -42,7 +42,7 @@ def make_store(batch: BatchOptions, staleness: StalenessOptions, keep: TopkOptio
     store = GroupStore(batch.batch_size, bound.initial, keep.topk or batch.group_size, batch.group_size,
                        selection.topk_by, selection.order, selection.filter_zero_variance, selection.replay_ratio,
                        storage.max_rows if bounded else None, storage.max_bytes if bounded else None, restamp,
-                       storage.dedup_window, selection.max_filtered_groups)
+                       storage.dedup_window, selection.max_filtered_groups, selection.bias_slack)
     store.bound_moves = bound.auto
     return store
 

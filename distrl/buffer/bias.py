@@ -153,9 +153,10 @@ class BiasMonitor:
             self._version(learner_version).issued += n
 
     def generated(self, parents: list[pa.RecordBatch], offset: np.ndarray, seq: np.ndarray, version: np.ndarray,
-                  learner_version: int) -> None:
+                  learner_version: int) -> np.ndarray:
         """Groups accepted: group j is rows ``offset[j] + [0, group_size)`` of ``parents[j]``, ``seq`` and
-        ``version`` (policy version) (c,)."""
+        ``version`` (policy version) (c,). Returns (c,) int64: each group's cell, -1 where its rewards are all
+        equal (no learning signal: outside the histograms)."""
         rows = offset[:, None] + np.arange(self.group_size)  # (c, n) row of each completion in its parent
         length, difficulty = np.empty(len(offset)), np.empty(len(offset))
         signal = np.empty(len(offset), bool)
@@ -174,6 +175,14 @@ class BiasMonitor:
         self._stage("generated", length, difficulty, version, learner_version)
         self._held.update(zip(seq.tolist(), zip(cell.tolist(), length.tolist(), difficulty.tolist(), version.tolist(),
                                                 signal.tolist())))
+        return np.where(signal, cell, -1)
+
+    def starved(self) -> np.ndarray:
+        """(cells,) bool: the cells the learners under-train, whose share of the groups handed out so far is below
+        their share of the groups generated (both histograms: groups with a learning signal only). Before any
+        hand-out every generated cell is starved."""
+        g, t = self.generated_cells, self.trained_cells
+        return g * max(1, int(t.sum())) > t * max(1, int(g.sum()))
 
     def _take(self, seq: np.ndarray, keep: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(cell, length, difficulty, version, signal, j) of the groups ``seq`` this monitor holds (j: their

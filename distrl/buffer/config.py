@@ -47,6 +47,12 @@ class SelectionOptions:
     replay_ratio: int = 1
     """Times a group may be handed out, each time to a later version and within `--max_staleness`
     (1: each group trains once; more reuses data, off-policy)."""
+    bias_slack: int = 0
+    """Extra versions of staleness (beyond --max_staleness) for a group with a learning signal whose (length,
+    difficulty) cell the learners under-train: its share of the groups trained so far is below its share of
+    those generated (the sampling-bias monitor's histograms, docs/offpolicy.md). The late groups the asynchrony
+    would drop as stale (long, slow, hard problems) are trained instead, their importance ratios clipped by the
+    loss; the allowance stops once the cell is trained in proportion. 0: off."""
     credit_timeout_s: float = 60.0
     """Seconds an actor holding unused credits may stay silent (no CREDIT, PUT or other request) before the
     buffer counts it lost (killed, node gone) and its credits return to the pool (logged). Longer than one
@@ -63,6 +69,8 @@ class SelectionOptions:
             raise ValueError(f"--replay_ratio must be >= 1, got {self.replay_ratio}")
         if not self.credit_timeout_s > 0:
             raise ValueError(f"--credit_timeout_s must be > 0, got {self.credit_timeout_s}")
+        if self.bias_slack < 0:
+            raise ValueError(f"--bias_slack must be >= 0 (0: off), got {self.bias_slack}")
         if self.max_filtered_groups < 0:
             raise ValueError(f"--max_filtered_groups must be >= 0 (0: no limit), got {self.max_filtered_groups}")
 

@@ -120,11 +120,13 @@ class Slots:
 
     A slot holds the group's ``parent`` record batch (a Python list), its first row ``offset`` in it,
     ``nbytes`` (its share of the message), ``keep`` (its top-k rows relative to the group, (k,)), and
-    seq, arrival, version, variance, uses and ``alive``.
+    seq, arrival, version, variance, uses, ``alive`` and ``cell`` (its sampling-bias cell,
+    :func:`distrl.buffer.bias.cells`, -1 for a group without a learning signal; set by the store).
     """
 
     COLUMNS = (("seq", np.int64), ("arrival", np.int64), ("version", np.int64), ("variance", np.float64),
-               ("uses", np.int64), ("alive", np.bool_), ("offset", np.int64), ("nbytes", np.int64))
+               ("uses", np.int64), ("alive", np.bool_), ("offset", np.int64), ("nbytes", np.int64),
+               ("cell", np.int64))
 
     def __init__(self, topk: int, capacity: int = 1024) -> None:
         for name, dtype in self.COLUMNS:

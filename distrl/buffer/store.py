@@ -10,14 +10,19 @@ message); its top-k rows (:func:`distrl.buffer.groups.parse_groups`, the same ru
 when the batch is selected.
 
 For each policy version V the learner group makes ONE selection: ``batch_size`` groups among those
-*eligible* at V (``0 <= V - policy_version <= max_staleness``), taken in ``order``
+*eligible* at V (``0 <= V - policy_version <= max_staleness``, plus ``bias_slack`` below), taken in ``order``
 (:mod:`distrl.buffer.selection`), sharded across ranks (group i goes to rank ``i % world_size``). A group
 is handed out up to ``replay_ratio`` times (to different versions), then it leaves memory. A server
 that writes its log after admitting groups sets ``logged_below`` (the seq of the first group not yet
 in the log): later groups are not handed out, nor counted as fresh, until it moves past them.
 
+With ``bias_slack`` K > 0 a group with a learning signal whose (length, difficulty) cell the learners
+under-train (:meth:`distrl.buffer.bias.BiasMonitor.starved`) may be K versions staler: the late groups the
+asynchrony would drop (long, slow, hard problems) are trained instead, their importance ratios clipped by the
+loss; the allowance ends as soon as the cell's trained share reaches its generated share.
+
 Groups leave memory otherwise only by eviction, counted per reason: ``stale`` (the learner moved past
-``policy_version + max_staleness``) and ``zero_variance`` (``filter_zero_variance``: all rewards
+``policy_version + max_staleness``, plus the slack) and ``zero_variance`` (``filter_zero_variance``: all rewards
 equal). An evicted group gives its credit back. A run whose every group is filtered could never train:
 after ``max_filtered_groups`` filtered groups in a row (any group that passes the filter resets the
 count) :meth:`GroupStore.check_progress` raises :class:`distrl.core.errors.NoProgress`.
@@ -87,6 +92,7 @@ class GroupStore:
             (:class:`distrl.buffer.groups.RecentIds`).
         max_filtered_groups: with ``filter_zero_variance``, groups filtered in a row after which
             :meth:`check_progress` raises NoProgress (0: never).
+        bias_slack: extra versions of staleness for groups of under-trained cells (module docstring; 0: none).
     Raises ValueError on out-of-range arguments.
     """
 
@@ -94,11 +100,11 @@ class GroupStore:
                  topk_by: Literal["reward", "abs_advantage"] = "reward", order: str = "fifo",
                  filter_zero_variance: bool = False, replay_ratio: int = 1, max_rows: int | None = None,
                  max_bytes: int | None = None, restamp: bool = False, dedup_window: int = DEDUP_WINDOW,
-                 max_filtered_groups: int = MAX_FILTERED_GROUPS) -> None:
-        if batch_size < 1 or group_size < 1 or max_staleness < 0 or replay_ratio < 1 or max_filtered_groups < 0:
+                 max_filtered_groups: int = MAX_FILTERED_GROUPS, bias_slack: int = 0) -> None:
+        if min(batch_size, group_size, replay_ratio) < 1 or min(max_staleness, max_filtered_groups, bias_slack) < 0:
             raise ValueError(f"need batch_size >= 1, group_size >= 1, max_staleness >= 0, replay_ratio >= 1, "
-                             f"max_filtered_groups >= 0; got {batch_size}, {group_size}, {max_staleness}, "
-                             f"{replay_ratio}, {max_filtered_groups}")
+                             f"max_filtered_groups >= 0, bias_slack >= 0; got {batch_size}, {group_size}, "
+                             f"{max_staleness}, {replay_ratio}, {max_filtered_groups}, {bias_slack}")
         if not 1 <= topk <= group_size:
             raise ValueError(f"topk must be in [1, group_size={group_size}], got {topk}")
         if topk_by not in ("reward", "abs_advantage"):
@@ -110,6 +116,7 @@ class GroupStore:
         self.batch_size, self.max_staleness, self.topk, self.group_size = batch_size, max_staleness, topk, group_size
         self.topk_by, self.order, self.filter_zero_variance = topk_by, order, filter_zero_variance
         self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
+        self.bias_slack = bias_slack
         self.learner_version = 0
         self._slots = Slots(topk)
         self._selections: dict[int, _Selection] = {}  # version -> selection not yet dropped
@@ -184,7 +191,7 @@ class GroupStore:
                filtered: np.ndarray | None) -> None:
         """Hold c accepted groups, group j being rows ``offset[j] + [0, group_size)`` of ``parents[j]``
         (``keep``: (c, k), the rest (c,)); those ``filtered`` (zero variance) or already stale are evicted."""
-        self.bias.generated(parents, offset, seq, version, self.learner_version)
+        cell = self.bias.generated(parents, offset, seq, version, self.learner_version)
         if filtered is not None and len(filtered):
             passed = np.flatnonzero(~filtered)  # the count restarts after the last group that passed
             self.filtered_in_a_row = (len(filtered) - 1 - int(passed[-1]) if passed.size
@@ -196,16 +203,17 @@ class GroupStore:
             hold = ~filtered
             parents = [p for p, h in zip(parents, hold.tolist()) if h]
             offset, keep, seq, version, variance = offset[hold], keep[hold], seq[hold], version[hold], variance[hold]
-            nbytes = nbytes[hold]
+            nbytes, cell = nbytes[hold], cell[hold]
         if not len(offset):
             return
         stamp = np.full(len(offset), -1, np.int64) if self.restamp else version
         slots = self._slots.add(parents, offset, keep, nbytes, seq, self._next_arrival, stamp, variance, uses)
+        self._slots.cell[slots] = cell
         self._next_arrival += len(slots)
         self.rows += len(slots) * self.group_size
         self.bytes += int(np.add.reduce(nbytes))
         if not self.restamp and np.minimum.reduce(version) < self.learner_version - self.max_staleness:
-            self._evict(slots[version < self.learner_version - self.max_staleness], "stale")
+            self._evict(slots[self.learner_version - version > self._allowance(slots)], "stale")
 
     # ---- leaving memory ----------------------------------------------------------------------
 
@@ -223,12 +231,21 @@ class GroupStore:
         self.credits_refunded += min(n, self.credits_granted - self.credits_refunded)
 
     def _evict_stale(self) -> None:
-        """Evict groups with ``learner_version - version > max_staleness`` (never unstamped ones)."""
+        """Evict groups with ``learner_version - version`` above their allowance (never unstamped ones)."""
         live = self._slots.live()
         v = self._slots.version[live]
-        stale = live[(v >= 0) & (self.learner_version - v > self.max_staleness)]
+        stale = live[(v >= 0) & (self.learner_version - v > self._allowance(live))]
         if stale.size:
             self._evict(stale, "stale")
+
+    def _allowance(self, slots: np.ndarray) -> np.ndarray | int:
+        """The staleness each of ``slots`` may have: ``max_staleness``, plus ``bias_slack`` for a group with a
+        learning signal in a cell the learners under-train (module docstring)."""
+        if not self.bias_slack:
+            return self.max_staleness
+        cell = self._slots.cell[slots]
+        starved = (cell >= 0) & self.bias.starved()[np.maximum(cell, 0)]
+        return self.max_staleness + self.bias_slack * starved
 
     @property
     def min_policy_version(self) -> int:
@@ -295,7 +312,7 @@ class GroupStore:
         if self.logged_below is not None and self.logged_below < self.intake.groups_put:  # some are not logged yet
             live = live[self._slots.seq[live] < self.logged_below]
         v = self._slots.version[live]
-        return live[(v < 0) | ((v <= version) & (version - v <= self.max_staleness))]
+        return live[(v < 0) | ((v <= version) & (version - v <= self._allowance(live)))]
 
     def _select(self, version: int, world_size: int) -> _Selection | None:
         """Take ``batch_size`` eligible groups in ``order``, cut them to top-k and shard; None if too few."""

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from distrl.buffer.bias import N_CELLS, cells, model_tokens
+from distrl.buffer.config import SelectionOptions
 from distrl.buffer.store import GroupStore
 from distrl.core import wire
 from distrl.core.rows import COMPLETION_SCHEMA
@@ -173,3 +174,81 @@ def test_the_reweight_histograms_leave_out_zero_variance_groups():
     assert fields["bias_generated"] == expected.tolist() and fields["bias_trained"] == expected.tolist()
     assert s.stats()["bias"]["generated"]["groups"] == 2  # the monitor's own counts keep every group
     assert set(fields["bias_cells"]) == {"flat", "g"}
+
+
+# ---- --bias_slack: more staleness for the groups of starved cells -----------------------------------------
+
+SHORT_CELL, LONG_CELL = 7, 17  # the cells of SHORT and LONG groups (test_cells_histograms_and_batch_fields)
+
+
+def test_starved_cells_are_those_trained_below_their_generated_share():
+    s = GroupStore(batch_size=1, max_staleness=2, topk=2, group_size=4)
+    for gid, kind in (("a", SHORT), ("c", LONG), ("flat", dict(rewards=[1, 1, 1, 1]))):
+        s.put(make_group(gid, 0, **kind))  # flat: no learning signal, in no histogram, never starved
+
+    def starved() -> list[int]:
+        return np.flatnonzero(s.bias.starved()).tolist()
+
+    assert starved() == [SHORT_CELL, LONG_CELL]  # nothing handed out yet: every generated cell
+    assert s.select(0, 0, 1).column("group_id")[0].as_py() == "a"
+    assert starved() == [LONG_CELL]  # short: trained 1/1 >= generated 1/2; long: 0/1 < 1/2
+    assert s.select(1, 0, 1).column("group_id")[0].as_py() == "c"
+    assert starved() == []  # trained 1/2 and 1/2, generated 1/2 and 1/2: equal shares are not starved
+    s.put(make_group("b", 1, **SHORT))
+    assert starved() == [SHORT_CELL]  # short: generated 2/3 > trained 1/2; long: 1/3 < 1/2
+
+
+def trained_short(bias_slack: int) -> GroupStore:
+    """max_staleness 1: two SHORT groups trained at each of versions 0, 1 and 2 (on-policy), so the store is at
+    learner version 2, holds nothing, and the SHORT cell is trained in proportion (6 of 6)."""
+    s = GroupStore(batch_size=2, max_staleness=1, topk=2, group_size=4, bias_slack=bias_slack)
+    for v in range(3):
+        s.put(make_group(f"a{v}", v, **SHORT))
+        s.put(make_group(f"b{v}", v, **SHORT))
+        assert s.select(v, 0, 1) is not None
+    return s
+
+
+@pytest.mark.parametrize("slack, evicted_at", [(0, 2), (2, 4)])
+def test_a_late_group_of_a_starved_cell_is_evicted_past_max_staleness_plus_slack(slack, evicted_at):
+    s = trained_short(slack)
+    s.put(make_group("late", 0, **LONG))  # arrives at learner version 2 (lag 2); its cell never trained: starved
+    assert s.bias.starved()[LONG_CELL]
+    for v in range(2, 6):
+        if v > 2:
+            assert s.select(v, 0, 1) is None  # one group at most: no batch of 2
+        assert s.stats()["evicted_stale"] == int(v >= evicted_at), v
+        assert s.fresh_groups(v) == int(v < evicted_at), v  # eligible while held
+    assert s.stats()["bias"]["evicted"] == {"groups": 1, "length": 21.5, "difficulty": 0.25, "lag": evicted_at}
+    s.put(make_group("later", 0, **LONG))  # lag 5 > 1 + slack at arrival: evicted there, slack or not
+    assert s.stats()["evicted_stale"] == 2 and s.stats()["groups"] == 0
+
+
+def test_a_late_group_of_a_starved_cell_is_trained_at_lag_max_staleness_plus_slack():
+    s = trained_short(2)
+    s.put(make_group("late", 0, **LONG))
+    assert s.select(3, 0, 1) is None  # lag 3: held, but alone
+    s.put(make_group("fresh", 3, **SHORT))
+    batch = s.select(3, 0, 1)
+    assert batch.column("group_id").to_pylist() == ["late"] * 2 + ["fresh"] * 2  # fifo: late first
+    assert batch.column("policy_version").to_pylist() == [0, 0, 3, 3] and s.stats()["last_staleness"] == [3, 3, 0, 0]
+    assert s.stats()["evicted_stale"] == 0 and s.stats()["bias"]["trained"]["lag"] == pytest.approx(3 / 8)
+    assert not s.bias.starved()[LONG_CELL]  # trained 1/8 >= generated 1/8: the allowance has ended
+
+
+def test_no_slack_without_a_learning_signal_or_for_a_cell_trained_in_proportion():
+    s = trained_short(2)
+    s.put(make_group("late", 0, **LONG))  # held (lag 2), so LONG's cell is starved from here on
+    s.put(make_group("flat", 0, completion_len=20, rewards=[0.25] * 4))  # LONG's cell by length and mean reward,
+    assert s.bias.starved()[LONG_CELL] and s.stats()["evicted_stale"] == 1  # but no signal: plain max_staleness
+    s.put(make_group("short", 0, **SHORT))  # lag 2; SHORT's cell: trained 6/6 >= generated 7/8, not starved
+    assert not s.bias.starved()[SHORT_CELL] and s.stats()["evicted_stale"] == 2
+    assert s.stats()["groups"] == 1 and s.fresh_groups(3) == 1  # only the late LONG group is left
+
+
+def test_a_negative_bias_slack_is_refused():
+    with pytest.raises(ValueError, match=r"bias_slack >= 0; got .*, -1$"):
+        GroupStore(batch_size=2, max_staleness=1, topk=2, group_size=4, bias_slack=-1)
+    with pytest.raises(ValueError, match="--bias_slack must be >= 0"):
+        SelectionOptions(bias_slack=-1).check()
+    SelectionOptions(bias_slack=3).check()
