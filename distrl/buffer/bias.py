@@ -179,10 +179,12 @@ class BiasMonitor:
 
     def starved(self) -> np.ndarray:
         """(cells,) bool: the cells the learners under-train, whose share of the groups handed out so far is below
-        their share of the groups generated (both histograms: groups with a learning signal only). Before any
-        hand-out every generated cell is starved."""
+        their share of the groups generated (both histograms: groups with a learning signal only). None before the
+        first hand-out of this process: at a fresh start no group is stale yet, and a resumed buffer (whose counts
+        restart, module docstring) does not give its restored groups an allowance on no evidence."""
         g, t = self.generated_cells, self.trained_cells
-        return g * max(1, int(t.sum())) > t * max(1, int(g.sum()))
+        trained = int(t.sum())
+        return g * trained > t * int(g.sum()) if trained else np.zeros(N_CELLS, bool)
 
     def _take(self, seq: np.ndarray, keep: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """(cell, length, difficulty, version, signal, j) of the groups ``seq`` this monitor holds (j: their
