@@ -6,8 +6,9 @@ with ``+ *`` and operands <= 20, scored by ``tests/data/slow_slice_reward.py``: 
 ``DISTRL_SLOW_SLICE_S`` sleep, so its groups finish late: ``--async_scoring 64`` lets each actor decode on while
 they are scored, 4 actors and ``--max_staleness 1`` let the learner move on without them, and the buffer evicts the
 late ones as stale (without ``--async_scoring`` a slow reward held up the whole actor instead, and the slice was
-barely late: ``--set async_scoring=0``). Each seed runs twice, ``--bias_correction none``
-and ``reweight``; the slice's held-out accuracy is the final evaluation's ``by_group["op=*"]`` (greedy,
+barely late: ``--set async_scoring=0``). Each seed runs once per arm (``--arms``, default ``none,reweight``;
+``ARMS``: ``--bias_correction none`` or ``reweight``, the buffer's ``--bias_slack 3``, or ``--max_staleness 4``
+for every group); the slice's held-out accuracy is the final evaluation's ``by_group["op=*"]`` (greedy,
 ``--eval_size`` held-out problems, about half of them ``*``). Also recorded per run: the monitor's gaps
 (``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
 
@@ -19,10 +20,10 @@ after a warm start on its demonstrated episodes): a waiting episode lets the act
     python -m bench.bias_correction --set batch_size=32 --set number_of_actors=1 --parallel 6   # on 16 cores
     .venv/bin/python -m bench.bias_correction --seeds 0 --max_steps 20 --out /tmp/bc.json
 
-Writes ``bench/results/bias_correction.json`` (merged, bench/results_file.py): ``slice_acc_reweight`` and
-``slice_acc_none`` (means over seeds), ``slice_acc_gain`` (their difference), ``reweight_ge_none`` (the mean
-with reweight >= without), ``seeds_reweight_ge_none`` (seeds where it holds) and ``runs`` (every run); the
-last stdout line is the same object as JSON.
+Writes ``bench/results/bias_correction.json`` (merged, bench/results_file.py): ``slice_acc_<arm>`` (means over
+seeds), for each arm but ``none`` its gain over ``none`` (``slice_acc_gain`` for reweight, ``slice_acc_gain_<arm>``
+otherwise), ``<arm>_ge_none`` (the mean at least none's), ``seeds_<arm>_ge_none`` (seeds where it holds) and
+``runs`` (every run); the last stdout line is the same object as JSON.
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ SLOW_ENV = {"reward": "DISTRL_SLOW_SLICE_S", "tool": "DISTRL_SLOW_TOOL_S"}
 
 
 # The arms: what each run adds to the setting. `slack`: the buffer's --bias_slack (late groups of under-trained
-# cells stay eligible 3 more versions) instead of the learner's reweighting.
+# cells stay eligible 3 more versions) instead of the learner's reweighting; `bound4`, its control: the same
+# largest staleness (1 + 3) for every group.
 ARMS = {"none": {"bias_correction": "none"}, "reweight": {"bias_correction": "reweight"},
-        "slack": {"bias_correction": "none", "bias_slack": "3"}}
+        "slack": {"bias_correction": "none", "bias_slack": "3"},
+        "bound4": {"bias_correction": "none", "max_staleness": "4"}}
 
 
 def flags(seed: int, arm: str, max_steps: int, eval_size: int, learning_rate: str,
