@@ -19,6 +19,7 @@ not have): the caller then loads the transformers tokenizer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,10 +34,14 @@ class PromptEncoder:
         core: a ``tokenizers.Tokenizer``.
         chat_template: the Jinja chat template (None: the tokenizer has none).
         special_tokens: the named special tokens' strings, passed to the template.
+        digest: a hex digest of the files it was read from (:meth:`from_dir`; None: built otherwise), which names
+            this tokenizer in caches of what it measured.
     """
 
-    def __init__(self, core, chat_template: str | None = None, special_tokens: dict[str, str] | None = None):
+    def __init__(self, core, chat_template: str | None = None, special_tokens: dict[str, str] | None = None,
+                 digest: str | None = None):
         self._core, self.chat_template, self.special_tokens = core, chat_template, dict(special_tokens or {})
+        self.digest = digest
 
     def __call__(self, text: str) -> dict[str, list[int]]:
         """``{"input_ids": ids}`` of `text`, with the tokenizer's default special tokens."""
@@ -71,7 +76,8 @@ class PromptEncoder:
         from tokenizers import Tokenizer
 
         specials = {name: _content(config[name]) for name in SPECIAL_TOKENS if config.get(name) is not None}
-        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), template, specials)
+        raw = (directory / "tokenizer.json").read_bytes()
+        return cls(Tokenizer.from_str(raw.decode("utf-8")), template, specials, hashlib.sha256(raw).hexdigest())
 
 
 def _chat_template(directory: Path, config: dict) -> str | None | bool:

@@ -17,18 +17,23 @@ model's ``max_position_embeddings``; no limit when neither is known). ``--long_p
 - ``error``: :func:`check_prompt_lengths` (preflight) refuses the run before anything starts.
 
 :func:`check_prompt_lengths` needs a tokenizer and the model's config only (no weights): MATH-500's
-500 prompts take well under a second once the tokenizer is loaded.
+500 prompts take well under a second once the tokenizer is loaded; a repeated launch reads chat-templated
+lengths from distrl's cache directory (:func:`prompt_lengths`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from distrl.core.errors import PreflightError
+from distrl.core.probe import cache_dir
 from distrl.core.run_options import SharedOptions
 from distrl.rollout.config import PromptOptions, TaskOptions
 from distrl.rollout.engines.base import encode_prompt
@@ -124,10 +129,75 @@ class LongPrompts:
 
 
 def measure(task, problems: Sequence, tokenizer, limit: int | None, policy: str = "skip") -> PromptFit:
-    """Count the prompts of `problems` (as templated: :func:`prompt_ids`) over `limit` tokens."""
-    lengths = [len(prompt_ids(task, p, tokenizer)[1]) for p in problems]
+    """Count the prompts of `problems` (as templated: :func:`prompt_lengths`) over `limit` tokens."""
+    lengths = prompt_lengths(task, problems, tokenizer)
     long = 0 if limit is None else sum(n > limit for n in lengths)
     return PromptFit(len(lengths), long, max(lengths, default=0), limit, policy)
+
+
+CACHED_CODE = ("rollout/tasks.py", "rollout/prompt_fit.py", "rollout/engines/base.py", "core/prompt_encoder.py")
+# the code whose source names cached prompt lengths (with the task class's own module), relative to distrl/
+
+
+def prompt_lengths(task, problems: Sequence, tokenizer) -> list[int]:
+    """(n,) tokens of each of `problems`' prompts as templated (:func:`prompt_ids`), read from distrl's cache
+    directory where a run with the same inputs measured them.
+
+    Only prompts through a chat template rendered by a :class:`distrl.core.prompt_encoder.PromptEncoder` are
+    cached: that renderer is transformers' and its import (1-2 s, most of a driver's time before Ray starts) is
+    what a repeated launch saves. The key is a digest of all the rendering reads: the task's class, system
+    prompt, template and chat setting, every problem's question, the tokenizer's file, chat template and special
+    tokens, the versions of transformers, tokenizers and jinja2 and the source of the code that renders
+    (`CACHED_CODE`); any change measures anew. A cache that cannot be read or written is left alone."""
+    key = _cache_key(task, problems, tokenizer)
+    path = None if key is None else cache_dir() / "prompt_lengths" / f"{key}.json"
+    if path is not None and path.is_file():
+        try:
+            cached = json.loads(path.read_text())
+            if isinstance(cached, list) and len(cached) == len(problems):
+                return cached
+        except (OSError, ValueError):
+            pass
+    lengths = [len(prompt_ids(task, p, tokenizer)[1]) for p in problems]
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            part = path.with_suffix(f".{os.getpid()}.part")
+            part.write_text(json.dumps(lengths))
+            os.replace(part, path)
+        except OSError:
+            pass
+    return lengths
+
+
+def _cache_key(task, problems: Sequence, tokenizer) -> str | None:
+    """The digest naming `problems`' prompt lengths (:func:`prompt_lengths`), or None where nothing is cached."""
+    from distrl.core.prompt_encoder import PromptEncoder
+
+    if not isinstance(tokenizer, PromptEncoder) or tokenizer.digest is None or not tokenizer.chat_template:
+        return None
+    if getattr(task, "chat", "off") == "off":
+        return None
+    root = Path(__file__).resolve().parents[1]
+    code = [root / f for f in CACHED_CODE] + [Path(sys.modules[type(task).__module__].__file__)]
+    inputs = {"task": type(task).__qualname__, "system": getattr(task, "system_prompt", None),
+              "template": getattr(task, "template", None), "chat": task.chat, "tokenizer": tokenizer.digest,
+              "chat_template": tokenizer.chat_template, "special_tokens": tokenizer.special_tokens,
+              "versions": [_version(name) for name in ("transformers", "tokenizers", "jinja2")],
+              "code": [hashlib.sha256(f.read_bytes()).hexdigest() for f in code]}
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
+    for problem in problems:
+        digest.update(problem.question.encode("utf-8", "surrogatepass") + b"\0")
+    return digest.hexdigest()[:40]
+
+
+def _version(name: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int | None]:

@@ -165,3 +165,32 @@ def test_preflight_of_a_model_directory_imports_neither_torch_nor_transformers_t
             "print(fit.total, fit.longest, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["500", "824", "False"]
+
+
+def test_a_repeated_launch_reads_the_prompt_lengths_from_the_cache(qwen_tiny, tmp_path):
+    """The chat-templated lengths are cached under distrl's cache directory: a second preflight with the same inputs
+    reads them without importing transformers (its renderer), a changed template or a damaged file measures anew.
+    Each preflight in a fresh interpreter, as each `distrl train` runs it."""
+    import os
+    import subprocess
+    import sys
+
+    def preflight(template: str | None = None) -> list[str]:
+        code = ("import sys; from distrl.cmd.config import TrainConfig; "
+                "from distrl.rollout.prompt_fit import PromptSource, check_prompt_lengths; "
+                f"run = TrainConfig(model={str(qwen_tiny)!r}, dataset={str(MATH500)!r}, max_new_tokens=8, "
+                f"prompt_template={template!r}); "
+                "fit = check_prompt_lengths(PromptSource.of_run(run.prompt, run.generation, run.shared)); "
+                "print(fit.total, fit.longest, 'transformers' in sys.modules)")
+        env = {**os.environ, "DISTRL_CACHE_DIR": str(tmp_path)}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env=env).stdout.split()
+
+    assert preflight() == ["500", "824", "True"]  # measured: the chat template rendered by transformers
+    (cached,) = (tmp_path / "prompt_lengths").iterdir()
+    assert preflight() == ["500", "824", "False"]  # read back: no transformers import
+    longer = preflight("Solve this problem step by step and box the answer.\n\n{question}")
+    assert longer[0] == "500" and int(longer[1]) > 824 and longer[2] == "True"  # another key
+    assert len(list((tmp_path / "prompt_lengths").iterdir())) == 2
+    cached.write_text("[1, 2")  # damaged: measured again, and rewritten
+    assert preflight() == ["500", "824", "True"] and preflight() == ["500", "824", "False"]
