@@ -47,7 +47,10 @@ clock) is kept, so the training-clock keys keep their meaning. Caches: each side
 under its ``compile/``; TRL: the same three variables under ``<cache_dir>/<case>``). With ``--cold on`` (the
 default) every case that compiles (distrl's and ``trl_vllm``) first runs once as ``<case>.cold`` on an emptied
 cache, stopped at its first version (distrl's cold start-up, and TRL's vLLM cache warmed), and then timed
-warm. ``--stop_gain g`` stops a side once its accuracy reaches its own version-0 accuracy + g (the cap
+warm; with ``--cold_versions N`` distrl's cold run goes on to version N, and each distrl run reports its
+``steady_versions_per_s`` from version 1 to N (the buffer's selection times), so ``steady_warm_vs_cold`` (warm over
+cold, the k-th runs; the smallest) shows whether the warm start moved work past the first version.
+``--stop_gain g`` stops a side once its accuracy reaches its own version-0 accuracy + g (the cap
 ``--minutes`` is then on the launch clock); that applies to the TRL cases only: a distrl case ends at
 ``--max_steps`` (or the cap), since only a run that ends by itself marks its roles ``finished``, which
 ``recompiles_after_warmup`` needs. ``report`` adds ``startup_s`` (distrl1's launch to first version,
@@ -243,8 +246,10 @@ def run_distrl(args, case: str, out: Path) -> dict:
         return eval_spans(lines, eval_path.stat().st_mtime) if lines else []
 
     def done() -> str | None:
-        if cold and "first_version" in distrl_marks(run_dir):
+        if cold and not args.cold_versions and "first_version" in distrl_marks(run_dir):
             return "stopped at the first version (cold run)"
+        if cold and len(version_times(run_dir)) > args.cold_versions > 0:
+            return f"stopped after version {args.cold_versions} (cold run)"
         curve = launch_curve(spans(), started) if launch else train_seconds(read_eval(eval_path))
         if curve and curve[-1][0] >= 60 * args.minutes:
             return "stopped at the time cap"
@@ -268,8 +273,30 @@ def run_distrl(args, case: str, out: Path) -> dict:
                    "first_version_s": launch_clock(first, started, evals) if first else None,
                    "first_version_wall_s": round(first - started, 2) if first else None,
                    "recompiles_after_warmup": startup.get("recompiles_after_warmup"),
-                   "startup_phases_s": startup.get("phases_s"), "cache": env.get("DISTRL_CACHE_DIR")}
+                   "startup_phases_s": startup.get("phases_s"), "cache": env.get("DISTRL_CACHE_DIR"),
+                   "steady_versions_per_s": steady_rate(version_times(run_dir), args.cold_versions)}
     return result
+
+
+def version_times(run_dir: Path) -> dict[int, float]:
+    """Learner version -> the wall time its batch was selected (the buffer's ``consumed.jsonl``, rank 0's line)."""
+    path, times = run_dir / "consumed.jsonl", {}
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        times.setdefault(int(record["learner_version"]), float(record["time"]))
+    return times
+
+
+def steady_rate(times: dict[int, float], upto: int) -> float | None:
+    """Versions per second from version 1's selection to version ``upto``'s (version 0's batch, with its compiles,
+    left out); None when ``upto`` < 2 or the run did not reach it. Every version trains batch x group completions,
+    so the ratio of two runs' rates is that of their completions/s."""
+    if upto < 2 or 1 not in times or upto not in times or times[upto] <= times[1]:
+        return None
+    return round((upto - 1) / (times[upto] - times[1]), 4)
 
 
 def arith_task(seed: int, eval_size: int):
@@ -433,6 +460,10 @@ def from_launch(results: dict[str, dict]) -> dict:
     if cold:
         out |= {"startup_cold_s": max(r["first_version_s"] for r in cold),
                 "startup_cold_s_runs": [r["first_version_s"] for r in cold]}
+    steady = [round(w["steady_versions_per_s"] / c["steady_versions_per_s"], 4) for w, c in zip(distrl, cold)
+              if w.get("steady_versions_per_s") and c.get("steady_versions_per_s")]
+    if steady:  # k-th warm run against the k-th cold one: no work moved past the first version keeps this ~1
+        out |= {"steady_warm_vs_cold": min(steady), "steady_warm_vs_cold_runs": steady}
     recompiles = [r["recompiles_after_warmup"] for r in distrl if r.get("recompiles_after_warmup") is not None]
     if recompiles:
         out |= {"recompiles_after_warmup": max(recompiles), "recompiles_after_warmup_runs": recompiles}
@@ -498,7 +529,8 @@ def table(summary: dict) -> str:
         rows.append(f"{case:<9} {curve[0][2]:>7.3f} {curve[-1][2]:>7.3f} {c['gain']:>+7.3f} {curve[-1][1]:>8} "
                     f"{curve[-1][0]:>8.0f} {per_min:>6.1f} {c['peak_memory_gib'] or float('nan'):>8.2f}")
     keys = ("target_accuracy", "distrl_time_to_target_s", "trl_time_to_target_s", "vs_trl_time_to_accuracy_runs",
-            "startup_s_runs", "startup_cold_s_runs", "recompiles_after_warmup_runs", "launch_target_accuracy",
+            "startup_s_runs", "startup_cold_s_runs", "steady_warm_vs_cold_runs", "recompiles_after_warmup_runs",
+            "launch_target_accuracy",
             "distrl_time_to_target_from_launch_s", "trl_vllm_time_to_target_from_launch_s",
             "vs_trl_vllm_time_to_accuracy_from_launch_runs", "trl_time_to_target_from_launch_s",
             "vs_trl_time_to_accuracy_from_launch_runs")
@@ -632,6 +664,9 @@ def main(argv: list[str] | None = None) -> None:
                                                           "(default <work>/caches)")
     parser.add_argument("--cold", choices=["on", "off"], default="on",
                         help="--clock launch: each compiling case first runs once on an emptied cache")
+    parser.add_argument("--cold_versions", type=int, default=0,
+                        help="--clock launch: the cold run goes on to this version (0: stops at its first), and each "
+                             "distrl run's versions/s from version 1 to it are compared: steady_warm_vs_cold")
     parser.add_argument("--stop_gain", type=float, default=0.0,
                         help="stop a TRL case once its accuracy reaches its version-0 accuracy + this (0: off)")
     parser.add_argument("--max_steps", type=int, default=100000,

@@ -1,7 +1,18 @@
 """bench/real_model.py --clock launch (issue 43): both sides' clocks from their launch, evaluations left out the
 same way, distrl's eval.jsonl placed on the wall clock, and the keys report adds."""
 
-from bench.real_model import case_order, eval_spans, from_launch, launch_clock, launch_curve, summarize
+import json
+
+from bench.real_model import (
+    case_order,
+    eval_spans,
+    from_launch,
+    launch_clock,
+    launch_curve,
+    steady_rate,
+    summarize,
+    version_times,
+)
 
 
 def test_launch_clock_leaves_out_only_the_evaluations_before_t():
@@ -55,3 +66,17 @@ def test_cold_runs_come_first_for_the_cases_that_compile():
     assert case_order(Args) == ["distrl1.cold", "distrl1", "trl_vllm.cold", "trl_vllm", "trl"]
     Args.clock = "train"
     assert case_order(Args) == ["distrl1", "trl_vllm", "trl"]
+
+
+def test_steady_rate_from_the_consumption_log_and_warm_over_cold(tmp_path):
+    lines = [{"learner_version": v, "rank": r, "time": 100.0 + 2 * v + r} for v in range(6) for r in (0, 1)]
+    (tmp_path / "consumed.jsonl").write_text("".join(f"{json.dumps(x)}\n" for x in lines) + "{torn")
+    times = version_times(tmp_path)
+    assert times == {v: 100.0 + 2 * v for v in range(6)}  # rank 0's line; a torn last line is skipped
+    assert steady_rate(times, 5) == 0.5  # versions 1..5: 4 versions in 8 s; version 0 (its compiles) left out
+    assert steady_rate(times, 1) is None and steady_rate(times, 9) is None  # too short; never reached
+    cold, warm = side([(100.0, 0, 0.1)], 110.0), side([(20.0, 0, 0.1)], 22.0)
+    cold["steady_versions_per_s"], warm["steady_versions_per_s"] = 0.5, 0.49
+    out = from_launch({"distrl1.cold": cold, "distrl1": warm})
+    assert (out["steady_warm_vs_cold"], out["steady_warm_vs_cold_runs"]) == (0.98, [0.98])
+    assert "steady_warm_vs_cold" not in from_launch({"distrl1.cold": side([(1.0, 0, 0.1)], 2.0), "distrl1": warm})
