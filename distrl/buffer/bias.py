@@ -179,8 +179,8 @@ class BiasMonitor:
 
     def starved(self) -> np.ndarray:
         """(cells,) bool: the cells the learners under-train, whose share of the groups handed out so far is below
-        their share of the groups generated (both histograms: groups with a learning signal only). None before the
-        first hand-out of this process: at a fresh start no group is stale yet, and a resumed buffer (whose counts
+        their share of the groups generated (both histograms: groups with a learning signal only). No cell before
+        the first hand-out of this process: at a fresh start no group is stale yet, and a resumed buffer (whose counts
         restart, module docstring) does not give its restored groups an allowance on no evidence."""
         g, t = self.generated_cells, self.trained_cells
         trained = int(t.sum())
