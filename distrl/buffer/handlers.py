@@ -15,8 +15,8 @@ meanwhile, :meth:`BufferServer.serve` raises NoProgress.
 
 Metrics (TensorBoard, stepped by learner version), about once a second (:meth:`Handlers.tick`): buffer/rows,
 bytes, groups, ingest_rows_per_s, ingest_mb_per_s, ingest_groups_per_s, duplicates, evicted_<reason>,
-credits_granted, credits_refunded, credit_violations, credits_owed, refused_full, bad_requests,
-learner_version, get_latency_ms (histogram, p50, p99); and at each selection the histogram
+credits_granted, credits_refunded, credit_violations, credits_owed, slack_trained (``--bias_slack``), refused_full,
+bad_requests, learner_version, get_latency_ms (histogram, p50, p99); and at each selection the histogram
 buffer/staleness and buffer/staleness_mean. The sampling-bias monitor's ``bias/*`` scalars
 (:meth:`distrl.buffer.bias.BiasMonitor.scalars`: len_gap, difficulty_gap, lag_mean, untrained_share, and each
 stage's mean length and difficulty) are written with them; each BATCH carries the monitor's histograms and the
@@ -236,7 +236,7 @@ class Handlers:
         dt = max(now - self.last_tick, 1e-6)
         stats = self.stats()
         names = ("rows", "bytes", "groups", "duplicates", "credits_granted", "credits_refunded", "refused_full",
-                 "bad_requests", "learner_version", "credit_violations", "credits_owed",
+                 "bad_requests", "learner_version", "credit_violations", "credits_owed", "slack_trained",
                  *(k for k in stats if k.startswith("evicted_")))
         values = {f"buffer/{name}": stats[name] for name in names}
         rows, nbytes, groups = self._ingest

@@ -117,6 +117,7 @@ class GroupStore:
         self.topk_by, self.order, self.filter_zero_variance = topk_by, order, filter_zero_variance
         self.replay_ratio, self.max_rows, self.max_bytes, self.restamp = replay_ratio, max_rows, max_bytes, restamp
         self.bias_slack = bias_slack
+        self.slack_trained = 0  # groups handed out staler than max_staleness, under the slack
         self.learner_version = 0
         self._slots = Slots(topk)
         self._selections: dict[int, _Selection] = {}  # version -> selection not yet dropped
@@ -325,6 +326,7 @@ class GroupStore:
         chosen = candidates[first_k(primary, secondary, self.batch_size)]
         s.version[chosen] = np.where(s.version[chosen] < 0, version, s.version[chosen])  # restamp: first use
         stamps, offset, keep = s.version[chosen], s.offset[chosen], s.keep[chosen]
+        self.slack_trained += int(np.count_nonzero(version - stamps > self.max_staleness))
         parents = [s.parents[i] for i in chosen.tolist()]
         s.uses[chosen] += 1
         used_up = s.uses[chosen] >= self.replay_ratio
@@ -441,7 +443,7 @@ class GroupStore:
             "selections": self.selections, "last_staleness": list(self.last_staleness),
             "filtered_in_a_row": self.filtered_in_a_row, "credits_allowed": self.allowed_groups,
             "credit_violations": self.credit_violations, "credit_excess_max": self.credit_excess_max,
-            "max_staleness": self.max_staleness,
+            "max_staleness": self.max_staleness, "slack_trained": self.slack_trained,
             "bias": self.bias.summary(),
         }
         stats.update({f"evicted_{reason}": n for reason, n in self.evicted.items()})

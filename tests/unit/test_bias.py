@@ -233,6 +233,7 @@ def test_a_late_group_of_a_starved_cell_is_trained_at_lag_max_staleness_plus_sla
     assert batch.column("group_id").to_pylist() == ["late"] * 2 + ["fresh"] * 2  # fifo: late first
     assert batch.column("policy_version").to_pylist() == [0, 0, 3, 3] and s.stats()["last_staleness"] == [3, 3, 0, 0]
     assert s.stats()["evicted_stale"] == 0 and s.stats()["bias"]["trained"]["lag"] == pytest.approx(3 / 8)
+    assert s.stats()["slack_trained"] == 1  # the late group; the fresh one is within max_staleness
     assert not s.bias.starved()[LONG_CELL]  # trained 1/8 >= generated 1/8: the allowance has ended
 
 
