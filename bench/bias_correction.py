@@ -7,10 +7,11 @@ with ``+ *`` and operands <= 20, scored by ``tests/data/slow_slice_reward.py``: 
 they are scored, 4 actors and ``--max_staleness 1`` let the learner move on without them, and the buffer evicts the
 late ones as stale (without ``--async_scoring`` a slow reward held up the whole actor instead, and the slice was
 barely late: ``--set async_scoring=0``). Each seed runs once per arm (``--arms``, default ``none,reweight``;
-``ARMS``: ``--bias_correction none`` or ``reweight``, the buffer's ``--bias_slack 3``, or ``--max_staleness 4``
-for every group); the slice's held-out accuracy is the final evaluation's ``by_group["op=*"]`` (greedy,
-``--eval_size`` held-out problems, about half of them ``*``). Also recorded per run: the monitor's gaps
-(``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall accuracy.
+``ARMS``: ``--bias_correction none`` or ``reweight``, the buffer's ``--bias_slack 3`` (``--slack K``), or
+``--max_staleness 4`` for every group); the slice's held-out accuracy is the final evaluation's
+``by_group["op=*"]`` (greedy, ``--eval_size`` held-out problems, about half of them ``*``). Also recorded per
+run: the monitor's gaps (``bias_len_gap``, ``bias_difficulty_gap``, ``bias_untrained_share``) and the overall
+accuracy.
 
 With ``--setting tool`` the slice is slow in its tool instead of its reward (``TOOL_SETTINGS``: ``--env
 tests/data/slow_tool_env.py:SlowCalculator``, whose answers to a ``*`` problem's calls come ``--slow_s`` late,
@@ -74,12 +75,13 @@ ARMS = {"none": {"bias_correction": "none"}, "reweight": {"bias_correction": "re
 
 
 def flags(seed: int, arm: str, max_steps: int, eval_size: int, learning_rate: str,
-          overrides: dict[str, str] | None = None, base: dict[str, str] = SETTINGS) -> list[str]:
+          overrides: dict[str, str] | None = None, base: dict[str, str] = SETTINGS,
+          arms: dict[str, dict[str, str]] = ARMS) -> list[str]:
     """The `distrl train` flags of one run of `arm` (ARMS): `base` (SETTINGS or TOOL_SETTINGS) with `overrides`,
     then the run's own."""
     settings = {**base, **(overrides or {}), "max_steps": str(max_steps), "learning_rate": learning_rate,
                 "eval_every": str(max_steps), "eval_size": str(eval_size), "seed": str(seed),
-                **ARMS[arm], "run_name": f"bias-{arm}-s{seed}"}
+                **arms[arm], "run_name": f"bias-{arm}-s{seed}"}
     return [part for key, value in settings.items() for part in (f"--{key}", value)]
 
 
@@ -127,18 +129,20 @@ def main(argv: list[str] | None = None) -> dict:
                         help="override one of the setting's flags (a `distrl train` flag without its dashes), "
                              "e.g. batch_size=32")
     parser.add_argument("--arms", default="none,reweight", help="comma-separated, of: " + ", ".join(ARMS))
+    parser.add_argument("--slack", type=int, default=3, help="the slack arm's --bias_slack")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once (each is its own `distrl train`)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "bias_correction.json"))
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
     arms = args.arms.split(",")
+    table = {**ARMS, "slack": {**ARMS["slack"], "bias_slack": str(args.slack)}}
     if unknown := [a for a in arms if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
     base, slow_env = (TOOL_SETTINGS if args.setting == "tool" else SETTINGS), SLOW_ENV[args.setting]
     os.environ[slow_env] = str(args.slow_s)  # bench.runs.ENV is read at import: set both
     from bench import runs
     runs.ENV[slow_env] = str(args.slow_s)
-    runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides, base)
+    runs_flags = [flags(seed, correction, args.max_steps, args.eval_size, args.learning_rate, overrides, base, table)
                   for seed in args.seeds for correction in arms]
     with tempfile.TemporaryDirectory(prefix="bias_correction_") as tmp, \
             ThreadPoolExecutor(max_workers=args.parallel) as pool:
