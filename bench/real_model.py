@@ -280,12 +280,10 @@ def run_distrl(args, case: str, out: Path) -> dict:
 
 def version_times(run_dir: Path) -> dict[int, float]:
     """Learner version -> the wall time its batch was selected (the buffer's ``consumed.jsonl``, rank 0's line)."""
-    path, times = run_dir / "consumed.jsonl", {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    from distrl.buffer.segments import read_consumed
+
+    times = {}
+    for record in read_consumed(run_dir):
         times.setdefault(int(record["learner_version"]), float(record["time"]))
     return times
 

@@ -98,6 +98,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "distrl"
 
 
+def write_cache_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (a file of distrl's cache directory) through a temp file and a rename, so a reader
+    never sees half a file; a cache that cannot be written is left alone (OSError ignored)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.part")
+        temp.write_text(text)
+        temp.replace(path)
+    except OSError:
+        pass
+
+
 def cpu_flags() -> list[str]:
     """The CPU's feature flags (Linux: the first ``flags`` line of /proc/cpuinfo; elsewhere: empty)."""
     try:
@@ -110,7 +122,7 @@ def cpu_flags() -> list[str]:
     return []
 
 
-def _installed(module: str) -> list:
+def installed(module: str) -> list:
     """Where ``module`` would import from, with each file's size and mtime (None when it is not installed)."""
     try:
         spec = importlib.util.find_spec(module)
@@ -128,7 +140,7 @@ def cache_key(stack: str) -> str:
     """The key of ``stack``'s cached probe on this host: interpreter, host, CPU flags, installed files."""
     # not CUDA_VISIBLE_DEVICES: Ray gives each role its own, and a role must find the driver's answer
     parts = [stack, sys.executable, sys.version, socket.gethostname(), cpu_flags(), os.path.exists("/dev/nvidiactl"),
-             [_installed(m) for m in KEY_MODULES[stack]]]
+             [installed(m) for m in KEY_MODULES[stack]]]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
@@ -193,13 +205,7 @@ def probe(stack: str, timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
         return Probe(**cached[key])
     result = run_probe(stack, timeout_s)
     cached[key] = dataclasses.asdict(result)
-    try:  # a temp file and a rename: a reader never sees half a file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".probes-{os.getpid()}.json")
-        temp.write_text(json.dumps(cached, indent=1))
-        temp.replace(path)
-    except OSError:  # a read-only cache only costs a probe next time
-        pass
+    write_cache_file(path, json.dumps(cached, indent=1))  # a read-only cache only costs a probe next time
     return result
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass
 from itertools import islice
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from distrl.core.errors import PreflightError
-from distrl.core.probe import cache_dir
+from distrl.core.probe import cache_dir, installed, write_cache_file
 from distrl.core.run_options import SharedOptions
 from distrl.rollout.config import PromptOptions, TaskOptions
 from distrl.rollout.engines.base import encode_prompt
@@ -147,7 +146,7 @@ def prompt_lengths(task, problems: Sequence, tokenizer) -> list[int]:
     cached: that renderer is transformers' and its import (1-2 s, most of a driver's time before Ray starts) is
     what a repeated launch saves. The key is a digest of all the rendering reads: the task's class, system
     prompt, template and chat setting, every problem's question, the tokenizer's file, chat template and special
-    tokens, the versions of transformers, tokenizers and jinja2 and the source of the code that renders
+    tokens, the installed files of transformers, tokenizers and jinja2 and the source of the code that renders
     (`CACHED_CODE`); any change measures anew. A cache that cannot be read or written is left alone."""
     key = _cache_key(task, problems, tokenizer)
     path = None if key is None else cache_dir() / "prompt_lengths" / f"{key}.json"
@@ -160,13 +159,7 @@ def prompt_lengths(task, problems: Sequence, tokenizer) -> list[int]:
             pass
     lengths = [len(prompt_ids(task, p, tokenizer)[1]) for p in problems]
     if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            part = path.with_suffix(f".{os.getpid()}.part")
-            part.write_text(json.dumps(lengths))
-            os.replace(part, path)
-        except OSError:
-            pass
+        write_cache_file(path, json.dumps(lengths))
     return lengths
 
 
@@ -183,21 +176,12 @@ def _cache_key(task, problems: Sequence, tokenizer) -> str | None:
     inputs = {"task": type(task).__qualname__, "system": getattr(task, "system_prompt", None),
               "template": getattr(task, "template", None), "chat": task.chat, "tokenizer": tokenizer.digest,
               "chat_template": tokenizer.chat_template, "special_tokens": tokenizer.special_tokens,
-              "versions": [_version(name) for name in ("transformers", "tokenizers", "jinja2")],
+              "libraries": [installed(name) for name in ("transformers", "tokenizers", "jinja2")],
               "code": [hashlib.sha256(f.read_bytes()).hexdigest() for f in code]}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
     for problem in problems:
         digest.update(problem.question.encode("utf-8", "surrogatepass") + b"\0")
     return digest.hexdigest()[:40]
-
-
-def _version(name: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def load_tokenizer(model: str, tokenizer: str | None = None) -> tuple[Any, int | None]:
