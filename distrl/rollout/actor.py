@@ -63,6 +63,9 @@ class RolloutActor:
         learners: vLLM on CUDA the first time its settings start on this host (distrl.rollout.engines.vllm_plan)."""
         from distrl.rollout.engines import make_engine
 
+        if rollout.engine == "hf":  # transformers' import, its own start-up mark (vLLM's: probed in make_engine)
+            import distrl.rollout.engines.hf  # noqa: F401
+        mark("engine_imported")
         settings = dict(model=model_dir, tokenizer=shared.tokenizer, dtype=shared.dtype, max_lora_rank=shared.lora_rank,
                         max_model_len=shared.max_model_len, seed=shared.seed * 1000 + self.actor_id,
                         merge_lora=rollout.merge_lora, batching=generation.batching,
@@ -87,6 +90,7 @@ class RolloutActor:
         self.actor_id = actor_id
         self.name = name or f"actor{actor_id}"  # also the sender name towards the buffer
         task = load_task(prompt, generation, shared)  # and --eval_every's held-out problems, left out of its stream
+        mark("task_loaded")
         self.inflight_update = rollout.inflight_update
         self.engine, endpoints = self._start_engine(rollout, generation, shared, model_dir, endpoints)
         mark("engine_ready")  # start-up marks (distrl.core.startup)
