@@ -32,9 +32,11 @@ PHASES = {
     "learner_warm_up": (("learner0", "model_loaded"), ("learner0", "ready")),  # compiles, optimizer, publisher
     "actor_process": (("driver", "actors_created"), ("actor0", "role_started")),
     "actor_engine_init": (("actor0", "role_started"), ("actor0", "engine_ready")),  # task, engine (vLLM: compile)
-    "actor_task": (("actor0", "role_started"), ("actor0", "task_loaded")),  # the three parts of actor_engine_init
-    "actor_engine_imports": (("actor0", "task_loaded"), ("actor0", "engine_imported")),  # transformers or vLLM
-    "actor_engine_build": (("actor0", "engine_imported"), ("actor0", "engine_ready")),  # model to device, sampler
+    # actor_engine_init in three: torch's and the rollout modules' imports and the task; transformers' import (or
+    # nothing, for vLLM, which make_engine imports); the engine's build (model to the device, its sampler)
+    "actor_imports_and_task": (("actor0", "role_started"), ("actor0", "task_loaded")),
+    "actor_engine_imports": (("actor0", "task_loaded"), ("actor0", "engine_imported")),
+    "actor_engine_build": (("actor0", "engine_imported"), ("actor0", "engine_ready")),
     "actor_engine_warm_up": (("actor0", "engine_ready"), ("actor0", "engine_warm")),
     "actor_waits_for_learner": (("actor0", "engine_warm"), ("actor0", "learner_endpoints")),
     "first_batch_wait": (("learner0", "ready"), ("learner0", "first_batch")),  # the actors' first groups
