@@ -40,6 +40,9 @@ def test_smoke_times_the_distrl_side(tmp_path):
                         rel_tol=0.01)
     phases = distrl["startup_phases_s"]  # summary.json's startup (distrl.core.startup)
     assert 0 < phases["learner_model_load"] < phases["launch_to_first_version"] <= distrl["startup_s"] + 5
+    parts = ("actor_imports_and_task", "actor_engine_imports", "actor_engine_build")  # actor_engine_init's three
+    assert all(phases[p] >= 0 for p in parts)
+    assert math.isclose(sum(phases[p] for p in parts), phases["actor_engine_init"], abs_tol=0.02)
     if importlib.util.find_spec("triton") is None:
         assert len(summary["sides"]) == 1 and summary["vs_trl"] is None and summary["trl_best"] is None
     assert "distrl / fastest TRL" in proc.stdout
