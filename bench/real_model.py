@@ -554,7 +554,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.axhline(summary["target_accuracy"], color="grey", linestyle=":", label="target (base + 0.10)")
     ax.set_xlabel("training minutes (start-up and evaluations left out)")
     ax.set_ylabel("held-out greedy accuracy (256 problems)")
-    ax.set_title("SmolLM2-135M-Instruct, arith +/- (operands <= 99), one H200")
+    ax.set_title("SmolLM2-135M-Instruct, arith +/- (operands <= 99), one GPU (BENCHMARKS.md names it)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
