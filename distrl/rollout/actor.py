@@ -94,7 +94,10 @@ class RolloutActor:
         self.inflight_update = rollout.inflight_update
         self.engine, endpoints = self._start_engine(rollout, generation, shared, model_dir, endpoints)
         mark("engine_ready")  # start-up marks (distrl.core.startup)
-        self.engine.warm_up()  # compiles now (CUDA), while distrl train's learners load, not in the first rollouts
+        # compiles now (CUDA), while distrl train's learners load, not in the first rollouts; sized for the larger of
+        # a step's rows and an evaluation's
+        evaluation = len(task.heldout) * rollout.eval_num_samples if actor_id == 0 else 0
+        self.engine.warm_up(rows=max(self._want(batch, shared) * batch.group_size, evaluation))
         mark("engine_warm")
         if callable(endpoints):  # distrl train: the learner's weight endpoints, known once it is up
             endpoints = endpoints()
@@ -222,11 +225,16 @@ class RolloutActor:
         """Generate, score and PUT `granted` groups with the served version (:meth:`Rollouts.step`)."""
         return self.rollouts.step(granted)
 
+    @staticmethod
+    def _want(batch: BatchOptions, shared: SharedOptions) -> int:
+        """The groups this actor asks the buffer for at each step: its share of a version's batch."""
+        return max(1, batch.batch_size // shared.number_of_actors)
+
     def run(self) -> dict:
         groups, idle_s, start = 0, 0.0, time.perf_counter()
         self._evaluate_if_due()  # version 0, before any update
         while True:
-            reply = self.client.credits(want=max(1, self.batch.batch_size // self.shared.number_of_actors))
+            reply = self.client.credits(want=self._want(self.batch, self.shared))
             if reply.get("stop"):  # training is over: serve the final version, then return
                 self._serve_final()
                 break

@@ -239,6 +239,45 @@ def test_one_compilation_serves_every_state_bucket_and_temperature(w):
     assert first >= 1 and after == first, (first, after)
 
 
+def test_reserved_kv_slots_compile_once_and_give_the_same_rows(w):
+    """``reserve(32)`` before the first call: every state's K/V has 32 slots (the compiled step then traces their
+    slot count as a constant), a call of 12 slots and longer rows (a new state) compiles nothing more, and the rows
+    equal an unreserved sampler's. A call of more rows than reserved raises the reservation and drops the states."""
+    from torch._dynamo.utils import counters
+
+    from distrl.rollout.engines.hf.continuous import ContinuousSampler
+
+    e = engine(w["sharp"])
+    ids = [e.tokenizer(PROMPTS[i % len(PROMPTS)])["input_ids"] for i in range(40)]
+    calls = ((ids[:32], [2 + (7 * i) % 39 for i in range(32)], 32), (ids[:12], [70] * 12, 12))
+
+    def sampler(compile_step: bool) -> ContinuousSampler:
+        return ContinuousSampler(lambda: e.base, e.pad_id, torch.empty(0, dtype=torch.long),
+                                 torch.Generator().manual_seed(0), cuda_graphs=False, interval=4,
+                                 compile_step=compile_step)
+
+    def rows(s: ContinuousSampler, call) -> dict:
+        return {f.row: (f.tokens, f.logprobs) for done in s.run(call[0], call[1], 0.0, slots=call[2]) for f in done}
+
+    torch._dynamo.reset()
+    counters.clear()
+    reserved, plain, seen = sampler(True), sampler(False), []
+    reserved.reserve(32)
+    for call in calls:
+        got, want = rows(reserved, call), rows(plain, call)
+        assert {r: t for r, (t, _) in got.items()} == {r: t for r, (t, _) in want.items()}
+        assert max(abs(a - b) for r in want for a, b in zip(got[r][1], want[r][1])) <= 1e-5
+        assert reserved._states[call[2]].cache.layers[0].keys.shape[0] == 32
+        seen.append(counters["stats"]["unique_graphs"])
+    assert seen[0] >= 1 and seen[1] == seen[0], seen
+    reserved.reserve(8)  # never lowered
+    assert reserved.kv_slots == 32 and sorted(reserved._states) == [12, 32]
+    reserved._prepare(e.base, 40, 64, 64)  # more rows than reserved: raised, the states made before dropped
+    assert reserved.kv_slots == 40 and sorted(reserved._states) == [40]
+    with pytest.raises(ValueError, match="at least one slot"):
+        reserved.reserve(0)
+
+
 def test_stepping_the_free_slots_after_a_call_changes_no_later_row(w):
     """What ``_capture_buckets`` does at the end of a state's first call on CUDA (a graph per bucket, captured
     while every slot is free), run eagerly here: a step of each bucket over the free slots leaves the next

@@ -146,9 +146,11 @@ class Engine(ABC):
         """Serve the LoRA adapter at ``path`` as ``version`` (``load_weights(version, "lora", path)``)."""
         self.load_weights(version, "lora", path)
 
-    def warm_up(self) -> None:  # noqa: B027 (a no-op by default: an engine that compiles nothing lazily)
+    def warm_up(self, rows: int | None = None) -> None:  # noqa: B027 (a no-op by default: compiles nothing lazily)
         """Compile and capture now what the first generate call would, so that the first rollouts do not wait for
-        it (``distrl train`` starts the actors while the learners load). Changes no weights and no version."""
+        it (``distrl train`` starts the actors while the learners load). ``rows``: the most completions a later
+        call asks for at once (prompts x n), which an engine may size its buffers for. Changes no weights and no
+        version."""
 
     def close(self) -> None:  # noqa: B027 (a no-op by default: an engine without scratch files need not override it)
         """Release what the engine holds (scratch files, the model); the engine is unusable after."""

@@ -135,6 +135,7 @@ class ContinuousSampler:
         self.cuda_graphs, self.interval, self.lookahead = cuda_graphs, interval, lookahead
         self.captures = 0
         self._states: dict[int, SlotState] = {}  # slot count -> its state (see _prepare)
+        self.kv_slots: int | None = None  # every state's K/V slots, once reserved (reserve)
         self.states_made = 0  # states allocated so far (each new graph captures on CUDA)
         self._mm_fp32 = model.device.type == "cuda" and has_mm_out_dtype(model.device)
         self._decode_fn = compiled_step(self._decode, compile_step, compile_dynamic)
@@ -258,6 +259,18 @@ class ContinuousSampler:
 
     # -- buffers, admission, one step ---------------------------------------------------------
 
+    def reserve(self, slots: int) -> None:
+        """Give every state's K/V ``slots`` slots (at least; the most rows a call decodes at once), so that the
+        compiled step sees the K/V's slot count as a constant (:meth:`SlotState.mark_dynamic`): call it before the
+        first call compiles. A later call of more rows raises the reservation to its own and drops the states
+        made before: the step is then traced again once, with that size symbolic from then on. Raises ValueError
+        for ``slots`` < 1."""
+        if slots < 1:
+            raise ValueError(f"reserve needs at least one slot, got {slots}")
+        if self.kv_slots is None or slots > self.kv_slots:
+            self.kv_slots = slots
+            self._states.clear()
+
     def _prepare(self, model, b: int, length: int, s: int) -> SlotState:
         """The state for B slots of at least ``length`` positions and S output columns.
 
@@ -267,6 +280,8 @@ class ContinuousSampler:
         needs more grows it to the larger of both sizes, so a run's varying prompt lengths cost a new state
         (new buffers and graph captures; no compilation) only when the longest so far grows.
         """
+        if self.kv_slots is not None and b > self.kv_slots:
+            self.reserve(b)
         st = self._states.pop(b, None)
         if st is not None and st.valid.shape[1] >= length and st.tokens.shape[1] >= s + 1:
             self._states[b] = st  # most recently used last
@@ -276,7 +291,7 @@ class ContinuousSampler:
             del st
         while len(self._states) >= STATES:
             self._states.pop(next(iter(self._states)))
-        st = SlotState.empty(model, b, length, s, self.generator if self.kernels else None)
+        st = SlotState.empty(model, b, length, s, self.generator if self.kernels else None, self.kv_slots)
         self._states[b] = st
         self.states_made += 1
         return st

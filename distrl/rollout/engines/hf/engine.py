@@ -151,11 +151,15 @@ class HFEngine(Engine):
 
     # -- generation -----------------------------------------------------------------------------
 
-    def warm_up(self) -> None:
+    def warm_up(self, rows: int | None = None) -> None:
         """On CUDA's fast path: a greedy call of two rows of two tokens compiles the decode step (with symbolic
         sizes: a later call's state only captures its graphs, under a second) and the LM head's passes; on CPU
-        nothing (no compilation there). It draws from the engine's generator like any call."""
+        nothing (no compilation there). It draws from the engine's generator like any call. ``rows`` (continuous
+        batching): the most rows a later call decodes at once (capped by ``max_num_seqs``), reserved in every
+        state's K/V first, which makes the compilation shorter (``ContinuousSampler.reserve``)."""
         if self.device.type == "cuda" and (self._continuous is not None or self._fast is not None):
+            if rows and self._continuous is not None:
+                self._continuous.reserve(min(rows, self.max_num_seqs or rows))
             self.generate(["Hello", "Hi"], 1, 0.0, 2)
 
     def generate_groups(self, prompts: list[str], n: int, temperature: float, max_new_tokens: int,

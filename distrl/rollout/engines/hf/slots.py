@@ -49,7 +49,7 @@ class SlotLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, length = self.owner.valid.shape
-        shape = (b, length, key_states.shape[1])
+        shape = (self.owner.kv_slots or b, length, key_states.shape[1])
         self.keys = torch.zeros((*shape, key_states.shape[-1]), dtype=key_states.dtype, device=key_states.device)
         self.values = torch.zeros((*shape, value_states.shape[-1]), dtype=value_states.dtype,
                                   device=value_states.device)
@@ -103,15 +103,20 @@ class SlotState:
     graphs: dict = field(default_factory=dict)  # slots decoded -> torch.cuda.CUDAGraph (greedy and sampled)
     host: list | None = None  # CUDA: two sets of pinned buffers for the snapshots, used in turn
     index: torch.Tensor | None = None  # (B,) long: 0..B-1; the step of n slots gets index[:n]
+    kv_slots: int | None = None  # the K/V's slots when reserved (>= B; ContinuousSampler.reserve), else B
 
     def __post_init__(self):
         self.index = torch.arange(self.tok.shape[0], device=self.tok.device)
 
     @classmethod
-    def empty(cls, model, b: int, length: int, s: int, seed_from: torch.Generator | None) -> "SlotState":
+    def empty(cls, model, b: int, length: int, s: int, seed_from: torch.Generator | None,
+              kv_slots: int | None = None) -> "SlotState":
         """B free slots of ``length`` cache positions and S + 1 output columns for ``model``, with a
         :class:`SlotLayer` per decoder layer. ``seed_from``: the generator the decode kernels' Philox seed is drawn
-        from (None: no kernels, and nothing drawn, so the portable path's random stream stays as it was)."""
+        from (None: no kernels, and nothing drawn, so the portable path's random stream stays as it was).
+        ``kv_slots``: the K/V's slot count, the same in every state (a reservation, >= B); None: B."""
+        if kv_slots is not None and kv_slots < b:
+            raise ValueError(f"a state of {b} slots with K/V for {kv_slots}")
         dev = model.device
         long = dict(dtype=torch.long, device=dev)
         seed = torch.zeros(1, **long) if seed_from is None else torch.randint(0, 2**39, (1,), generator=seed_from,
@@ -121,7 +126,7 @@ class SlotState:
                  logps=torch.zeros((b, s + 1), dtype=torch.float32, device=dev), lengths=torch.zeros(b, **long),
                  stopped=torch.zeros(b, dtype=torch.bool, device=dev),
                  done=torch.ones(b, dtype=torch.bool, device=dev), budget=torch.zeros(b, **long),
-                 temperature=torch.ones((), dtype=torch.float32, device=dev), seed=seed)
+                 temperature=torch.ones((), dtype=torch.float32, device=dev), seed=seed, kv_slots=kv_slots)
         st.cache = Cache(layers=[SlotLayer(st) for _ in range(model.config.get_text_config().num_hidden_layers)])
         return st
 
@@ -148,13 +153,16 @@ class SlotState:
     def mark_dynamic(self) -> None:
         """Make slots (dim 0), cache positions and output columns (dim 1, the K/V's too) symbolic sizes for
         torch.compile, so every state and tail bucket shares one compilation
-        (``distrl.rollout.engines.hf.decode.compiled_step``). Call after the first prefill (the K/V exist then)."""
+        (``distrl.rollout.engines.hf.decode.compiled_step``). The K/V's slots stay a constant where they are
+        reserved (``kv_slots``, the same in every state): Dynamo then traces each layer's K/V with one symbolic
+        size, not two, a third less of the step's tracing (BENCHMARKS.md, twenty-second round). Call after the
+        first prefill (the K/V exist then)."""
         for name in ROW_BUFFERS + ("index",):
             buf = getattr(self, name)
             torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
         for layer in self.cache.layers:
             for kv in (layer.keys, layer.values):
-                torch._dynamo.maybe_mark_dynamic(kv, (0, 1))
+                torch._dynamo.maybe_mark_dynamic(kv, (1,) if self.kv_slots else (0, 1))
 
 
 @dataclass
