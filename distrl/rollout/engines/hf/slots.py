@@ -155,8 +155,8 @@ class SlotState:
         torch.compile, so every state and tail bucket shares one compilation
         (``distrl.rollout.engines.hf.decode.compiled_step``). The K/V's slots stay a constant where they are
         reserved (``kv_slots``, the same in every state): Dynamo then traces each layer's K/V with one symbolic
-        size, not two, a third less of the step's tracing (BENCHMARKS.md, twenty-second round). Call after the
-        first prefill (the K/V exist then)."""
+        size, not two (8-15 % less of the step's tracing on the VM, BENCHMARKS.md, twenty-second round). Call
+        after the first prefill (the K/V exist then)."""
         for name in ROW_BUFFERS + ("index",):
             buf = getattr(self, name)
             torch._dynamo.maybe_mark_dynamic(buf, tuple(range(buf.dim())))
