@@ -25,8 +25,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_pass(model: str, engine_kind: str, top: int) -> dict:
-    """The steps of an actor's start-up in this process: seconds per step, and the profiles' top lines."""
+def one_pass(model: str, engine_kind: str, top: int, role: str = "actor", warm_up: bool = True) -> dict:
+    """The steps of a role's start-up in this process: seconds per step, and the profiles' top lines (by
+    cumulative and by own time). ``role``: ``actor`` (the engine --engine builds, then its warm-up unless not
+    ``warm_up``) or ``learner`` (``distrl.learn.model.load_policy`` as distrl1 loads it: full fine-tune, hf, bf16)."""
     import cProfile
     import io
     import pstats
@@ -58,13 +60,21 @@ def one_pass(model: str, engine_kind: str, top: int) -> dict:
         result = prof.runcall(fn)
         step(name)
         text = io.StringIO()
-        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(top)
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("cumulative").print_stats(top)
+        stats.sort_stats("tottime").print_stats(top // 2)
         profiles[name] = text.getvalue()
         t = time.perf_counter()  # the printing is not the next step's
         return result
 
+    if role == "learner":
+        from distrl.learn.model import load_policy
+
+        profiled("load_policy", lambda: load_policy(model, "bfloat16", finetune="full", backend="hf"))
+        return {"times_s": times, "profiles": profiles}
     engine = profiled("make_engine", lambda: make_engine(engine_kind, model=model, seed=1))
-    profiled("warm_up", engine.warm_up)
+    if warm_up:
+        profiled("warm_up", engine.warm_up)
     return {"times_s": times, "profiles": profiles}
 
 
@@ -119,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--ray_runs", type=int, default=0, help="also time ray.init and three actors, per variant "
                         "(RAY_VARIANTS), this many times each, alternating")
+    parser.add_argument("--role", default="actor", choices=["actor", "learner"], help="whose start-up: the actor's "
+                        "engine (and warm-up) or the learner's model load")
+    parser.add_argument("--no_warm_up", action="store_true", help="the actor's engine build only (no compiling)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ray_child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(ray_pass(RAY_VARIANTS[args.ray_child][0])))
         return
     if args.child:
-        print(json.dumps(one_pass(args.model, args.engine, args.top)))
+        print(json.dumps(one_pass(args.model, args.engine, args.top, args.role, not args.no_warm_up)))
         return
     from distrl.core.compile_cache import use_compile_caches
     from distrl.core.gguf import resolve_model
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     for k in range(args.passes):
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "bench.startup_profile", "--child", "--model", model,
-                               "--engine", args.engine, "--top", str(args.top)], cwd=ROOT, env=env,
+                               "--engine", args.engine, "--top", str(args.top), "--role", args.role]
+                              + ["--no_warm_up"] * args.no_warm_up, cwd=ROOT, env=env,
                               capture_output=True, text=True)
         imports = slowest_imports(proc.stderr, args.top)
         if proc.returncode:
@@ -161,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
                                   else {"error": proc.stderr[-300:]})
             print(f"ray {name}: {ray_runs[name][-1]}", flush=True)
     summary = [{k: v for k, v in p.items() if k != "profiles"} for p in passes]
-    out = {"ray": ray_runs, "model": model, "engine": args.engine, "passes": summary}
+    out = {"ray": ray_runs, "model": model, "engine": args.engine, "role": args.role, "passes": summary}
     (args.out / "startup_profile.json").write_text(json.dumps({**out, "profiles": [p["profiles"] for p in passes]}))
     print(json.dumps(out))
 

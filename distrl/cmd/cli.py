@@ -20,6 +20,7 @@ from distrl.cmd.configfile import ConfigFileError, expand_config
 from distrl.cmd.faults import RoleFailed, as_interrupted, raise_on_signals
 from distrl.cmd.join import expand_join
 from distrl.cmd.preflight import preflight
+from distrl.core.compile_cache import use_bytecode_cache
 from distrl.core.errors import BindError, NoProgress, PreflightError
 from distrl.core.logs import quiet_libraries
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if (sys.argv[1:] if argv is None else list(argv))[:1] in (["--version"], ["-V"]):
         print(f"distrl {importlib.metadata.version('distrl')}")
         return 0
+    use_bytecode_cache()  # the imports below and in children compile once (distrl.core.compile_cache)
     # no "Writing model shards" bar per published version (roles inherit it; set it to 0 to see them)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:  # --config FILE, then `rollout --join RUN`: their flags go before the command line's, so it wins

@@ -12,10 +12,17 @@ keys its cache by the model config, the compilation config and its own version, 
 cache size it profiled, ``VLLM_ENABLE_STARTUP_PLAN``, on unless set) also by the device and its free memory.
 
 A variable the user already set (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``VLLM_CACHE_ROOT``) wins.
+
+Python's own bytecode too (:func:`use_bytecode_cache`): an environment that forbids writing it
+(``PYTHONDONTWRITEBYTECODE``, common in container images) whose packages were installed without it (uv's default,
+``pip --no-compile``) compiles every module of torch, transformers and their imports from source in every process,
+every run: 4.4 s of a role's start-up on the GPU machine (BENCHMARKS.md, twenty-third round). There distrl keeps the
+bytecode under ``<cache dir>/compile/pycache`` (``PYTHONPYCACHEPREFIX``), never beside the installed sources.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -34,7 +41,30 @@ def use_compile_caches(root: str | Path | None = None) -> dict[str, str]:
     for name, sub in CACHE_VARIABLES.items():
         os.environ.setdefault(name, str(base / sub))
     os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")  # vLLM keeps its memory profile with its compile cache
+    use_bytecode_cache(base / "pycache")
     return {name: os.environ[name] for name in CACHE_VARIABLES}
+
+
+def use_bytecode_cache(prefix: str | Path | None = None, probe_package: str = "torch") -> bool:
+    """Keep this process's and its children's Python bytecode under ``prefix`` (default
+    ``<cache dir>/compile/pycache``) when the environment forbids
+    writing it (``sys.dont_write_bytecode``: ``PYTHONDONTWRITEBYTECODE``) and ``probe_package`` was installed
+    without it (no ``__pycache__`` entry beside its ``__init__.py``), so each module compiles once, not once per
+    process. Sets ``sys.pycache_prefix`` and ``PYTHONPYCACHEPREFIX``, and lets bytecode be written again (here and,
+    through the environment, in children). Returns whether it did; a ``PYTHONPYCACHEPREFIX`` the user set wins,
+    and an install that has its bytecode, or bytecode writes allowed, changes nothing."""
+    if not sys.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX") or sys.pycache_prefix:
+        return False
+    module = sys.modules.get(probe_package)
+    spec = module.__spec__ if module is not None else importlib.util.find_spec(probe_package)
+    origin = getattr(spec, "origin", None)
+    if not origin or not origin.endswith(".py") or os.path.exists(importlib.util.cache_from_source(origin)):
+        return False
+    prefix = prefix if prefix is not None else cache_dir() / "compile" / "pycache"
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(prefix)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    return True
 
 
 def compile_counters() -> dict[str, int]:
