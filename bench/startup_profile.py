@@ -8,6 +8,8 @@ under cProfile (the top functions by cumulative time). Pass 1 runs on empty comp
 left (distrl.core.compile_cache under ``--work``), as a warm `distrl train` does.
 
     python -m bench.startup_profile --model SmolLM2.gguf --work /tmp/sp --out DIR      (GPU)
+    python -m bench.startup_profile ... --no_warm_up                  (the engine build alone: nothing compiles)
+    python -m bench.startup_profile ... --role learner                (the learner's model load instead)
 
 Prints each pass's timings and profile, then one JSON object on the last line (also ``DIR/startup_profile.json``).
 """
