@@ -19,8 +19,8 @@ REQUIRED = {
                         "vs_trl_vllm_time_to_accuracy_from_launch"],
     "gpu_vllm.json": ["greedy_equal_lora", "greedy_equal_full", "decode_tok_s_b256", "vs_trl",
                       "weight_latency_lora_s", "weight_latency_full_s"],
-    # vs_trl_vllm_fixed is not measured yet (TRL with vLLM ran out of memory on the H100): added with its first value
-    "vs_trl.json": ["vs_trl_fixed", "vs_trl_variable", "vs_trl_vllm_variable", "vs_trl_hf_variable", "vs_trl_hf_fixed"],
+    "vs_trl.json": ["vs_trl_fixed", "vs_trl_variable", "vs_trl_vllm_fixed", "vs_trl_vllm_variable",
+                    "vs_trl_hf_variable", "vs_trl_hf_fixed"],
     "real_workload.json": ["version_s_median", "version_s_p90", "version_s_median_custom_reward",
                            "continuous_vs_static", "continuous_ideal_ratio", "continuous_vs_ideal",
                            "decode_roofline_fraction_b1024", "vs_trl_fixed", "vs_trl_variable",
@@ -33,6 +33,7 @@ REQUIRED = {
     "bias_correction.json": ["slice_acc_reweight", "slice_acc_none", "slice_acc_slack"],  # and "runs"
     "multiturn.json": ["tool_gain", "turns_mean", "episodes_per_s"],  # bench/multiturn.py (GPU)
     "vs_peer.json": ["vs_peer_variable", "vs_peer_time_to_accuracy_from_launch"],  # bench/vs_peer.py (GPU)
+    "bytecode_cache.json": ["bytecode_cache_startup_ratio"],  # bench/bytecode_cache.py (CPU)
 }
 
 
