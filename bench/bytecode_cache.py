@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     ratio = round(statistics.median(without) / statistics.median(warm), 3)
     print(f"launch to first version: without the cache {without}, with it (warm) {warm}, cold "
           f"{runs[0]['launch_to_first_version']}: {ratio}x")
-    result = {"bytecode_cache_startup_ratio": ratio, "bytecode_cache_startup_ratio_runs": [ratio],
-              "runs": runs, "command": "python -m bench.bytecode_cache --runs %d" % args.runs,
-              "flags": " ".join(FLAGS), "note": args.note}
+    result = {"bytecode_cache_startup_ratio": ratio, "runs": runs,
+              "command": f"python -m bench.bytecode_cache --runs {args.runs}", "flags": " ".join(FLAGS),
+              "note": args.note}
     merge(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
 

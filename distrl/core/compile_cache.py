@@ -37,7 +37,7 @@ def use_compile_caches(root: str | Path | None = None) -> dict[str, str]:
     """Point this process's (and its children's) compile caches under ``root`` (default
     ``<cache dir>/compile``) unless the variable is already set; returns the variables in effect.
     Call before the first compilation (the caches read their variable when they first write)."""
-    base = Path(root) if root is not None else cache_dir() / "compile"
+    base = _compile_root(root)
     for name, sub in CACHE_VARIABLES.items():
         os.environ.setdefault(name, str(base / sub))
     os.environ.setdefault("VLLM_ENABLE_STARTUP_PLAN", "1")  # vLLM keeps its memory profile with its compile cache
@@ -60,11 +60,16 @@ def use_bytecode_cache(prefix: str | Path | None = None, probe_package: str = "t
     origin = getattr(spec, "origin", None)
     if not origin or not origin.endswith(".py") or os.path.exists(importlib.util.cache_from_source(origin)):
         return False
-    prefix = prefix if prefix is not None else cache_dir() / "compile" / "pycache"
+    prefix = prefix if prefix is not None else _compile_root() / "pycache"
     os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
     return True
+
+
+def _compile_root(root: str | Path | None = None) -> Path:
+    """``root``, else ``<cache dir>/compile``: where the compile caches and the bytecode live."""
+    return Path(root) if root is not None else cache_dir() / "compile"
 
 
 def compile_counters() -> dict[str, int]:
